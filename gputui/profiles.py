@@ -1,0 +1,198 @@
+"""Profiles: TOML files under profiles/ that describe runs (and, later, hosts and clouds).
+
+A profile has one `[run]` table. Every key is optional: a missing key takes the
+model's own default (see gputui.train.recipes) or the documented default below.
+Unknown keys, wrong types and impossible values are errors naming the file, the
+line, the key and what is expected (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gputui.errors import UserError
+from gputui.schema import Field, Section, Source
+from gputui.train.recipes import MODEL_NAMES, RECIPES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+STRATEGIES = ("single", "dataparallel", "ddp")
+
+
+def _check_device(value: Any) -> str | None:
+    if DEVICE_RE.match(value):
+        return None
+    return "'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"
+
+
+RUN_SECTION = Section(
+    name="run",
+    doc="How to train: the model, where, how, and the hyper-parameters that override the model's.",
+    fields={
+        "model": Field("str", "Network to train (its recipe gives the defaults).", "seed", choices=MODEL_NAMES),
+        "device": Field("str", "auto (CUDA, then MPS, then CPU), cpu, mps, cuda or cuda:N.", "auto", check=_check_device),
+        "strategy": Field("str", "single, dataparallel (all or `gpus`) or ddp (torchrun).", "single", choices=STRATEGIES),
+        "nproc": Field("int", "ddp: processes (default: one per GPU, or 2 on a CPU).", None, minimum=1, maximum=1024),
+        "gpus": Field("int_list", "dataparallel/ddp: GPU indices to use (default: all visible).", None, minimum=0),
+        "epochs": Field("int", "Epochs to train (the run's target).", None, minimum=1, maximum=100000),
+        "batch_size": Field("int", "Global batch size (split across ddp processes).", None, minimum=1, maximum=1 << 20),
+        "lr": Field("float", "Peak learning rate.", None, minimum=0, exclusive_minimum=True, maximum=100),
+        "optimizer": Field("str", "sgd or adam.", None, choices=("sgd", "adam")),
+        "momentum": Field("float", "SGD momentum.", None, minimum=0, maximum=1, exclusive_maximum=True),
+        "betas": Field("float_pair", "Adam betas [b1, b2].", None, minimum=0, maximum=1, exclusive_maximum=True),
+        "weight_decay": Field("float", "L2 weight decay.", None, minimum=0, maximum=1),
+        "l1": Field("float", "Coefficient of the L1 penalty on the weights (0 turns it off).", None, minimum=0, maximum=1),
+        "schedule": Field("str", "Learning-rate schedule.", None, choices=("onecycle", "cosine", "constant")),
+        "warmup": Field("float", "onecycle: fraction of the steps spent rising to the peak.", None, minimum=0, maximum=1, exclusive_maximum=True),
+        "evals_per_epoch": Field("int", "Test evaluations per epoch (the last one closes the epoch).", None, minimum=1, maximum=1000),
+        "seed": Field("int", "Random seed: same seed, same run.", 0, minimum=0, maximum=2**63 - 1),
+        "data": Field("str", "Directory holding the four MNIST-format IDX files (default: bundled MNIST).", None),
+        "threads": Field("int", "CPU threads for torch (default: torch's choice).", None, minimum=1, maximum=1024),
+    },
+)
+
+PROFILE_SECTIONS: dict[str, Section] = {"run": RUN_SECTION}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The `[run]` table with every key optional: None means "use the default"."""
+
+    model: str | None = None
+    device: str | None = None
+    strategy: str | None = None
+    nproc: int | None = None
+    gpus: tuple[int, ...] | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    optimizer: str | None = None
+    momentum: float | None = None
+    betas: tuple[float, float] | None = None
+    weight_decay: float | None = None
+    l1: float | None = None
+    schedule: str | None = None
+    warmup: float | None = None
+    evals_per_epoch: int | None = None
+    seed: int | None = None
+    data: str | None = None
+    threads: int | None = None
+
+    def merged(self, override: "RunSettings") -> "RunSettings":
+        """These settings with every non-None value of `override` on top."""
+        changes = {f.name: getattr(override, f.name) for f in fields(override) if getattr(override, f.name) is not None}
+        return replace(self, **changes)
+
+    def resolve(self) -> "RunConfig":
+        """Fill the gaps from the model's recipe and the schema defaults."""
+        model = self.model or RUN_SECTION.fields["model"].default
+        recipe = RECIPES[model]
+        values: dict[str, Any] = {}
+        for f in fields(RunConfig):
+            mine = getattr(self, f.name)
+            if mine is not None:
+                values[f.name] = mine
+            elif hasattr(recipe, f.name):
+                values[f.name] = getattr(recipe, f.name)
+            else:
+                values[f.name] = RUN_SECTION.fields[f.name].default
+        values["model"] = model
+        return RunConfig(**values)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A fully resolved run: what the trainer uses and what the run directory records."""
+
+    model: str
+    device: str
+    strategy: str
+    nproc: int | None
+    gpus: tuple[int, ...] | None
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    momentum: float
+    betas: tuple[float, float]
+    weight_decay: float
+    l1: float
+    schedule: str
+    warmup: float
+    evals_per_epoch: int
+    seed: int
+    data: str | None
+    threads: int | None
+
+    def to_toml(self) -> str:
+        """The resolved profile, as a TOML document loadable by `load_profile`."""
+        lines = ["# Resolved profile of this run (written by gputui; used by --resume).", "[run]"]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+    def settings(self) -> RunSettings:
+        """These values as (fully set) settings, to merge flags on top of."""
+        return RunSettings(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(type(value))  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded profile: where it came from and its validated sections."""
+
+    path: Path | None
+    run: RunSettings
+
+
+def parse_profile(text: str, path: Path | None = None) -> Profile:
+    """Validate TOML text as a profile; errors name `path`, the line and the key."""
+    source = Source(path, text)
+    where = str(path) if path else "profile"
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{where}: not valid TOML: {exc}") from None
+    for name in doc:
+        if name not in PROFILE_SECTIONS:
+            known = ", ".join(f"[{s}]" for s in PROFILE_SECTIONS)
+            raise source.error(None, name, f"unknown table or key (a profile has {known})")
+    run = RUN_SECTION.validate(doc.get("run", {}), source)
+    if "data" in run and path is not None:
+        data = Path(run["data"]).expanduser()
+        run["data"] = str(data if data.is_absolute() else (path.parent / data).resolve())
+    return Profile(path=path, run=RunSettings(**run))
+
+
+def load_profile(path: Path) -> Profile:
+    """Read and validate a profile file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: profile not found (profiles ship in profiles/, e.g. profiles/local.toml)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read profile: {exc}") from None
+    return parse_profile(text, path)
