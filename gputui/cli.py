@@ -1,0 +1,118 @@
+"""The `gputui` command line. Heavy libraries (torch, ...) are imported only by the commands that use them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gputui import __version__
+from gputui.errors import GputuiError, UserError
+
+# flag -> (settings key, parser of the flag's text)
+RUN_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "--model": ("model", str),
+    "--epochs": ("epochs", int),
+    "--batch-size": ("batch_size", int),
+    "--lr": ("lr", float),
+    "--device": ("device", str),
+    "--strategy": ("strategy", str),
+    "--nproc": ("nproc", int),
+    "--gpus": ("gpus", lambda text: [int(part) for part in text.split(",") if part.strip()]),
+    "--seed": ("seed", int),
+    "--threads": ("threads", int),
+    "--evals-per-epoch": ("evals_per_epoch", int),
+}
+RUN_HELP = {
+    "--model": "network to train: seed (the paper's, default) or fast",
+    "--epochs": "epochs to train (default: the model's)",
+    "--batch-size": "global batch size (default: the model's)",
+    "--lr": "peak learning rate (default: the model's)",
+    "--device": "auto (CUDA, then MPS, then CPU), cpu, mps, cuda or cuda:N",
+    "--strategy": "single, dataparallel or ddp (torchrun)",
+    "--nproc": "ddp: processes (default: one per GPU, or 2 on a CPU)",
+    "--gpus": "dataparallel/ddp: GPU indices, e.g. 0,1 (default: all)",
+    "--seed": "random seed (same seed, same run)",
+    "--threads": "CPU threads for torch",
+    "--evals-per-epoch": "test evaluations per epoch",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gputui",
+        description="Train deep networks on local, SSH-reachable and spot GPUs from one terminal app.",
+    )
+    parser.add_argument("--version", action="version", version=f"gputui {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="train headless (the main job)", description="Train a run headless.")
+    run.add_argument("--profile", type=Path, help="run profile (default: profiles/local.toml)")
+    for flag, (key, _parse) in RUN_FLAGS.items():
+        run.add_argument(flag, dest=key, metavar=key.upper(), help=RUN_HELP[flag])
+    run.add_argument("--data", type=Path, help="directory with the four MNIST-format IDX files (default: bundled MNIST)")
+    run.add_argument("--run-dir", type=Path, help="directory for this run (default: under the user data dir)")
+    run.add_argument("--resume", metavar="RUN_ID|last", help="continue a run from its last checkpoint")
+    run.add_argument("--json", action="store_true", help="print the events as JSON lines on stdout, nothing else")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def run_overrides(args: argparse.Namespace) -> Any:
+    """The run flags as RunSettings, each value checked by the profile schema."""
+    from gputui.profiles import RUN_SECTION, RunSettings
+
+    values: dict[str, Any] = {}
+    for flag, (key, parse) in RUN_FLAGS.items():
+        text = getattr(args, key)
+        if text is None:
+            continue
+        field = RUN_SECTION.fields[key]
+        try:
+            value = parse(text)
+        except ValueError:
+            raise UserError(f"{flag} {text}: expected {field.expected()}") from None
+        try:
+            values[key] = field.coerce(value)
+        except ValueError as exc:
+            raise UserError(f"{flag} {text}: expected {exc}") from None
+    if args.data is not None:
+        values["data"] = str(args.data.expanduser().resolve())
+    return RunSettings(**values)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gputui.console import JsonView, ProgressView
+    from gputui.runner import RunRequest, run
+
+    request = RunRequest(
+        profile=args.profile,
+        overrides=run_overrides(args),
+        run_dir=args.run_dir,
+        resume=args.resume,
+    )
+    view = JsonView() if args.json else ProgressView()
+    return run(request, view)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.handler(args))
+    except GputuiError as exc:
+        print(f"gputui: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("gputui: stopped at once (interrupted twice); the last checkpoint is kept", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

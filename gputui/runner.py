@@ -1,0 +1,177 @@
+"""`gputui run`: from a profile and flags to a finished (or cleanly interrupted) run.
+
+Resolves the settings (model recipe < profile < flags), creates or reopens the run
+directory, and trains in this process (`single`, `dataparallel`) or through
+torchrun (`ddp`), handing every event to the run's events.jsonl and to a view.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui import runs
+from gputui.console import View
+from gputui.errors import UserError
+from gputui.paths import profiles_dir, runs_home
+from gputui.profiles import RunConfig, RunSettings, load_profile
+
+# Settings a resumed run may change; the others would break the checkpoint or its schedule.
+RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch"}
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    profile: Path | None
+    overrides: RunSettings
+    run_dir: Path | None = None
+    resume: str | None = None
+
+
+def default_profile() -> Path | None:
+    path = profiles_dir() / "local.toml"
+    return path if path.is_file() else None
+
+
+def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
+    """The run directory, its resolved configuration, and whether it resumes."""
+    if req.resume is not None:
+        if req.run_dir is not None:
+            raise UserError("--run-dir and --resume do not go together: --resume takes a run id or directory")
+        if req.profile is not None:
+            raise UserError("--profile and --resume do not go together: a resumed run keeps its own profile")
+        run = runs.find(req.resume)
+        changed = [f.name for f in fields(req.overrides) if getattr(req.overrides, f.name) is not None]
+        fixed = sorted(set(changed) - RESUMABLE)
+        if fixed:
+            flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
+            raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc)")
+        cfg = load_profile(run.profile).run.merged(req.overrides).resolve()
+        run.profile.write_text(cfg.to_toml(), encoding="utf-8")
+        return run, cfg, True
+    profile_path = req.profile if req.profile is not None else default_profile()
+    base = load_profile(profile_path).run if profile_path is not None else RunSettings()
+    cfg = base.merged(req.overrides).resolve()
+    check(cfg)
+    run = runs.create(req.run_dir)
+    try:
+        run.profile.write_text(cfg.to_toml(), encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {run.profile}: {exc.strerror or exc}") from None
+    return run, cfg, False
+
+
+def check(cfg: RunConfig) -> None:
+    """Cross-field rules the schema cannot express alone."""
+    if cfg.strategy == "dataparallel" and cfg.device in ("cpu", "mps"):
+        raise UserError(
+            f"strategy dataparallel needs CUDA GPUs, not device {cfg.device}; "
+            "on a CPU use --strategy ddp --nproc N (gloo) or --strategy single"
+        )
+    if cfg.strategy != "ddp" and cfg.nproc is not None:
+        raise UserError(f"--nproc goes with --strategy ddp (the strategy is {cfg.strategy})")
+
+
+def execute(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
+    """Train; return 'done' or 'interrupted'. Errors are GputuiError subclasses."""
+    if cfg.strategy == "ddp":
+        return _execute_ddp(run, cfg, resume, view)
+    return _execute_local(run, cfg, resume, view)
+
+
+def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
+    import torch
+
+    from gputui.train.data import load_dataset
+    from gputui.train.devices import resolve_device
+    from gputui.train.loop import StopFlag, Trainer
+
+    device, why = resolve_device(cfg.device)
+    start_info: dict[str, Any] = {"device_choice": why}
+    if cfg.strategy == "dataparallel":
+        if device.type != "cuda":
+            raise UserError("strategy dataparallel needs CUDA GPUs and none is available; use single or ddp")
+        if cfg.gpus:
+            count = torch.cuda.device_count()
+            bad = [g for g in cfg.gpus if g >= count]
+            if bad:
+                raise UserError(f"gpus {bad}: only {count} CUDA device(s) visible")
+            device = torch.device("cuda", cfg.gpus[0])
+        start_info["gpus"] = list(cfg.gpus) if cfg.gpus else list(range(torch.cuda.device_count()))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    stop = StopFlag()
+    with _stop_on_signals(stop):
+        data = load_dataset(Path(cfg.data) if cfg.data else None)
+        log = runs.EventLog(run.events)
+        try:
+            emit = _tee(log, view)
+            trainer = Trainer(cfg, run, data, device, emit, stop, start_info=start_info)
+            return trainer.train(resume=resume)
+        finally:
+            log.close()
+
+
+def _execute_ddp(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
+    from gputui.train.distributed import launch
+
+    nproc = cfg.nproc
+    if nproc is None:
+        nproc = _visible_gpus(cfg) or 2
+    return launch(run, nproc, resume, view.show)
+
+
+def _visible_gpus(cfg: RunConfig) -> int:
+    if cfg.device == "cpu":
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return len(cfg.gpus) if cfg.gpus else torch.cuda.device_count()
+
+
+def _tee(log: runs.EventLog, view: View) -> Callable[[dict[str, Any]], None]:
+    def emit(event: dict[str, Any]) -> None:
+        log.write(runs.encode(event))
+        view.show(event)
+
+    return emit
+
+
+class _stop_on_signals:
+    """SIGTERM/SIGINT ask the loop to checkpoint and stop; a second SIGINT stops at once."""
+
+    def __init__(self, stop: Any) -> None:
+        self.stop = stop
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.stop.set(signal.Signals(signum).name)
+
+    def __enter__(self) -> "_stop_on_signals":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> int:
+    """Prepare and execute a run; return the process exit code (0 done or interrupted)."""
+    run_dir, cfg, resume = prepare(req)
+    try:
+        outcome = execute(run_dir, cfg, resume, view)
+    finally:
+        view.close()
+    if outcome == "interrupted":
+        ref = run_dir.run_id if run_dir.path.parent == runs_home() else str(run_dir.path)
+        say(f"interrupted: checkpoint saved in {run_dir.path}; resume with: gputui run --resume {ref}")
+    return 0
