@@ -1,0 +1,115 @@
+"""`gputui run` end to end: the --json event stream, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gputui.cli import main
+
+from .conftest import json_lines, run_cli
+
+
+def test_json_stream_has_only_events(small_data: Path, tmp_path: Path) -> None:
+    result = run_cli("run", "--json", "--data", str(small_data), "--epochs", "2", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)  # every stdout line is JSON
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "done"
+    assert kinds.count("epoch") == 2 and "step" in kinds
+    start = events[0]
+    for key in ("run_id", "model", "device", "strategy"):
+        assert key in start
+    assert start["model"] == "seed" and start["device"] == "cpu" and start["strategy"] == "single"
+    step = next(e for e in events if e["event"] == "step")
+    assert set(step) >= {"epoch", "step", "loss", "samples_per_s", "lr"}
+    epoch = [e for e in events if e["event"] == "epoch"][-1]
+    assert set(epoch) >= {"epoch", "step", "train_loss", "test_loss", "test_acc", "elapsed_s", "eval_s"}
+    assert epoch["epoch"] == 2 and epoch["step"] == 16
+    assert 1.0 < epoch["test_acc"] <= 100.0  # a percentage
+    done = events[-1]
+    assert set(done) >= {"test_acc", "elapsed_s", "epochs"}
+    assert done["epochs"] == 2 and done["test_acc"] == epoch["test_acc"]
+    # The file holds the same events.
+    on_disk = [json.loads(line) for line in (tmp_path / "r" / "events.jsonl").read_text().splitlines()]
+    assert on_disk == events
+    profile = (tmp_path / "r" / "profile.toml").read_text()
+    assert 'model = "seed"' in profile and "epochs = 2" in profile
+
+
+def test_step_events_are_rate_bounded(medium_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "--json", "--data", str(medium_data), "--epochs", "1", "--batch-size", "8",
+                 "--run-dir", str(tmp_path / "r")])
+    assert code == 0
+    events = json_lines(capsys.readouterr().out)
+    steps = [e for e in events if e["event"] == "step"]
+    total = events[0]["total_steps"]
+    assert total == 512
+    assert len(steps) < total / 4  # far fewer events than steps
+    span = events[-1]["elapsed_s"]
+    assert len(steps) <= span / 0.5 + 2
+
+
+def test_human_output_without_json(small_data: Path, tmp_path: Path) -> None:
+    result = run_cli("run", "--data", str(small_data), "--epochs", "1", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 0
+    assert "done: test acc" in result.stderr
+    assert "epoch 1/1" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epochs", "0"], "--epochs 0: expected a whole number >= 1"),
+        (["--epochs", "x"], "--epochs x: expected a whole number >= 1"),
+        (["--model", "vgg"], "--model vgg: expected one of 'seed', 'fast'"),
+        (["--device", "tpu"], "--device tpu: expected 'auto', 'cpu'"),
+        (["--device", "cuda:3"], "--device cuda:3: no CUDA device is available"),
+        (["--data", "/nonexistent/dir"], "/nonexistent/dir: no such data directory"),
+        (["--profile", "/nonexistent.toml"], "/nonexistent.toml: profile not found"),
+        (["--resume", "last"], "--resume last: no runs in"),
+        (["--resume", "nope"], "--resume nope: no such run"),
+        (["--strategy", "dataparallel", "--device", "cpu"], "strategy dataparallel needs CUDA GPUs"),
+        (["--nproc", "2"], "--nproc goes with --strategy ddp"),
+        (["--batch-size", "100000"], "larger than the 512 training images"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(
+    args: list[str], message: str, small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["run", "--data", str(small_data), "--run-dir", str(tmp_path / "r")]
+    if "--data" in args:
+        base = ["run", "--run-dir", str(tmp_path / "r")]
+    if "--resume" in args:
+        base = ["run"]
+    code = main(base + args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_broken_profile_in_a_real_process(tmp_path: Path) -> None:
+    profile = tmp_path / "bad.toml"
+    profile.write_text("[run]\nepochs = -1\n")
+    result = run_cli("run", "--profile", str(profile))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"gputui: error: {profile}:2: [run] epochs: expected a whole number >= 1 and <= 100000, got -1"
+    assert result.stdout == ""
+
+
+def test_reusing_a_run_dir_is_refused(small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "--json", "--data", str(small_data), "--epochs", "1", "--run-dir", str(tmp_path / "r")]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_version_and_help() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0 and "run" in result.stdout
+    result = run_cli("run", "--help")
+    assert "--resume" in result.stdout and "--json" in result.stdout

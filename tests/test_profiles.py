@@ -1,0 +1,76 @@
+"""Profile validation: unknown keys, wrong types, impossible values; errors name file, line, key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gputui.errors import UserError
+from gputui.paths import profiles_dir
+from gputui.profiles import RunSettings, load_profile, parse_profile
+from gputui.train.recipes import RECIPES
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("path", sorted(profiles_dir().glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_profiles_are_valid(path: Path) -> None:
+    profile = load_profile(path)
+    assert profile.run.model in RECIPES
+
+
+def test_default_profile_is_the_seed_network_on_auto() -> None:
+    cfg = load_profile(profiles_dir() / "local.toml").run.resolve()
+    assert (cfg.model, cfg.device, cfg.strategy) == ("seed", "auto", "single")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[run]\nmodel = \"seed\"\nepochz = 3\n", r"p.toml:3: \[run\] epochz: unknown key"),
+        ("[run]\n\nepochs = \"ten\"\n", r"p.toml:3: \[run\] epochs: expected a whole number >= 1 and <= 100000, got 'ten'"),
+        ("[run]\nepochs = 0\n", r"p.toml:2: \[run\] epochs: expected a whole number >= 1"),
+        ("[run]\nlr = -0.1\n", r"\[run\] lr: expected a number > 0"),
+        ("[run]\nmodel = \"resnet\"\n", r"\[run\] model: expected one of 'seed', 'fast'"),
+        ("[run]\ndevice = \"gpu\"\n", r"\[run\] device: expected 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
+        ("[run]\nbetas = [0.9]\n", r"\[run\] betas: expected a list of two numbers"),
+        ("[run]\nepochs = true\n", r"\[run\] epochs: expected a whole number"),
+        ("[cloud]\nregion = \"x\"\n", r"p.toml:1: cloud: unknown table or key"),
+        ("run = 3\n", r"\[run\] must be a table"),
+        ("[run\nmodel=1", r"p.toml: not valid TOML"),
+    ],
+)
+def test_bad_profiles(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        load_profile(write(tmp_path, text))
+
+
+def test_missing_profile(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="profile not found"):
+        load_profile(tmp_path / "absent.toml")
+
+
+def test_data_path_is_relative_to_the_profile(tmp_path: Path) -> None:
+    profile = load_profile(write(tmp_path, '[run]\ndata = "mnist"\n'))
+    assert profile.run.data == str((tmp_path / "mnist").resolve())
+
+
+def test_precedence_recipe_then_profile_then_flags() -> None:
+    profile = parse_profile("[run]\nmodel = \"fast\"\nepochs = 3\nbatch_size = 32\n")
+    cfg = profile.run.merged(RunSettings(batch_size=256)).resolve()
+    assert cfg.model == "fast"
+    assert cfg.epochs == 3  # profile over recipe
+    assert cfg.batch_size == 256  # flag over profile
+    assert cfg.lr == RECIPES["fast"].lr  # recipe fills the rest
+    assert cfg.seed == 0  # schema default
+
+
+def test_resolved_profile_round_trips() -> None:
+    cfg = RunSettings(model="fast", gpus=(0, 1), data="/tmp/x y\"z").resolve()
+    again = parse_profile(cfg.to_toml()).run.resolve()
+    assert again == cfg
