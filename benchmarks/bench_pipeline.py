@@ -1,0 +1,128 @@
+"""Input pipeline: torchvision-style per-sample DataLoader vs gputui's trainer, same `seed` network.
+
+(a) What pytorch/examples' mnist does through torchvision: a Dataset whose
+    __getitem__ makes a PIL image per item, then ToTensor and Normalize, batched by
+    a DataLoader (batch 64, shuffled, no workers on a CPU), training the seed
+    network with the same optimizer and L1 term. torchvision cannot be imported
+    here, so its MNIST + ToTensor + Normalize are reproduced step for step.
+(b) gputui's trainer with the default profile (profiles/local.toml), one epoch.
+
+Prints samples/s for each and the ratio b/a. Usage:
+    python benchmarks/bench_pipeline.py [--batches 400] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+
+from gputui.console import View
+from gputui.profiles import RunSettings, load_profile
+from gputui.runner import RunRequest, default_profile, execute, prepare
+from gputui.train import nets
+from gputui.train.data import load_dataset
+from gputui.train.loop import make_optimizer
+
+
+class TorchvisionStyleMNIST(TorchDataset):  # type: ignore[type-arg]
+    """torchvision.datasets.MNIST.__getitem__ with ToTensor() and Normalize((0.1307,), (0.3081,))."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.data = torch.from_numpy(images)  # torchvision keeps uint8 tensors
+        self.targets = torch.from_numpy(labels)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img, target = self.data[index], int(self.targets[index])
+        pil = Image.fromarray(img.numpy(), mode="L")  # as torchvision's MNIST does
+        # ToTensor: PIL -> (C, H, W) float in [0, 1]
+        arr = np.array(pil, dtype=np.uint8, copy=True)
+        x = torch.from_numpy(arr).view(pil.size[1], pil.size[0], 1).permute(2, 0, 1).contiguous()
+        x = x.to(torch.get_default_dtype()).div(255)
+        # Normalize
+        x = (x - 0.1307) / 0.3081
+        return x, target
+
+
+def baseline(batches: int) -> float:
+    """Samples/s of (a) over `batches` batches of 64 (after a short warm-up)."""
+    data = load_dataset()
+    cfg = load_profile(default_profile()).run.merged(RunSettings(batch_size=64)).resolve()  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    model = nets.build("seed", (28, 28), 10)
+    opt = make_optimizer(cfg, model.parameters())
+    loader = DataLoader(TorchvisionStyleMNIST(data.train_images, data.train_labels), batch_size=64, shuffle=True)
+    seen, t0 = 0, 0.0
+    for i, (x, y) in enumerate(loader):
+        if i == 20:
+            seen, t0 = 0, time.perf_counter()
+        loss = F.cross_entropy(model(x), y) + cfg.l1 * nets.l1_penalty(model)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += len(x)
+        if i == 20 + batches:
+            break
+    return seen / (time.perf_counter() - t0)
+
+
+class Quiet:
+    def __init__(self) -> None:
+        self.events: list[dict[str, object]] = []
+
+    def show(self, event: dict[str, object]) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+def gputui_trainer() -> tuple[float, dict[str, object]]:
+    """Samples/s of (b): one epoch with the default profile, timed by the trainer itself."""
+    with tempfile.TemporaryDirectory() as tmp:
+        req = RunRequest(profile=None, overrides=RunSettings(epochs=1), run_dir=Path(tmp) / "run")
+        run, cfg, resume = prepare(req)
+        view = Quiet()
+        execute(run, cfg, resume, view)  # type: ignore[arg-type]
+    start, done = view.events[0], view.events[-1]
+    samples = int(start["steps_per_epoch"]) * int(start["batch_size"])  # type: ignore[call-overload]
+    return samples / float(done["elapsed_s"]), done  # type: ignore[arg-type]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=400, help="batches of 64 to time for the baseline")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    a = baseline(args.batches)
+    b, done = gputui_trainer()
+    result = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "baseline_dataloader_samples_per_s": round(a, 1),
+        "gputui_trainer_samples_per_s": round(b, 1),
+        "ratio": round(b / a, 2),
+        "gputui_epoch_test_acc": done["test_acc"],
+    }
+    print(f"(a) per-sample Dataset + DataLoader, batch 64: {a:10,.0f} samples/s")
+    print(f"(b) gputui trainer, default profile:           {b:10,.0f} samples/s")
+    print(f"ratio b/a: {b / a:.2f}x")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
