@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gputui import __version__
 from gputui.errors import GputuiError, UserError
+
+# Subcommands that live in their own modules under gputui/commands/: each module has
+# `register(subparsers)`, which adds its parser and sets `handler`, and imports nothing
+# heavy at module level (so `gputui --help` stays fast).
+COMMAND_MODULES: tuple[str, ...] = ()
 
 # flag -> (settings key, parser of the flag's text)
 RUN_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -56,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_ID|last", help="continue a run from its last checkpoint")
     run.add_argument("--json", action="store_true", help="print the events as JSON lines on stdout, nothing else")
     run.set_defaults(handler=cmd_run)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 

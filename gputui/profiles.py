@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from gputui.errors import UserError
 from gputui.schema import Field, Section, Source
@@ -60,6 +60,8 @@ RUN_SECTION = Section(
     },
 )
 
+# Every table a profile may hold. Each feature's schema lives in a torch-free module and is
+# listed here, so that a profile is validated whole whatever has been imported.
 PROFILE_SECTIONS: dict[str, Section] = {"run": RUN_SECTION}
 
 
@@ -166,6 +168,7 @@ class Profile:
 
     path: Path | None
     run: RunSettings
+    tables: Mapping[str, Any] = field(default_factory=dict)  # the other sections, validated
 
 
 def parse_profile(text: str, path: Path | None = None) -> Profile:
@@ -180,11 +183,12 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
         if name not in PROFILE_SECTIONS:
             known = ", ".join(f"[{s}]" for s in PROFILE_SECTIONS)
             raise source.error(None, name, f"unknown table or key (a profile has {known})")
+    tables = {name: PROFILE_SECTIONS[name].validate_any(value, source) for name, value in doc.items() if name != "run"}
     run = RUN_SECTION.validate(doc.get("run", {}), source)
     if "data" in run and path is not None:
         data = Path(run["data"]).expanduser()
         run["data"] = str(data if data.is_absolute() else (path.parent / data).resolve())
-    return Profile(path=path, run=RunSettings(**run))
+    return Profile(path=path, run=RunSettings(**run), tables=tables)
 
 
 def load_profile(path: Path) -> Profile:

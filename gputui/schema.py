@@ -121,11 +121,24 @@ class Section:
     name: str
     doc: str
     fields: Mapping[str, Field]
+    many: bool = False  # an array of tables, [[name]], rather than one [name]
+    required: tuple[str, ...] = ()  # keys that must be present
+
+    def validate_any(self, value: Any, source: "Source") -> Any:
+        """Validate this section's value: one table, or a list of tables when `many`."""
+        if not self.many:
+            return self.validate(value, source)
+        if not isinstance(value, list):
+            raise source.error(self.name, None, f"write it as [[{self.name}]] tables")
+        return [self.validate(item, source) for item in value]
 
     def validate(self, table: Any, source: "Source") -> dict[str, Any]:
         """Check a parsed table; return {key: coerced value} for the keys present."""
         if not isinstance(table, dict):
             raise source.error(self.name, None, f"[{self.name}] must be a table")
+        for key in self.required:
+            if key not in table:
+                raise source.error(self.name, None, f"[{self.name}] needs `{key}`: {self.fields[key].doc}")
         out: dict[str, Any] = {}
         for key, value in table.items():
             spec = self.fields.get(key)

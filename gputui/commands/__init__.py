@@ -1,0 +1,1 @@
+"""Subcommands of `gputui` other than `run`, one module each (see cli.COMMAND_MODULES)."""
