@@ -1,0 +1,272 @@
+"""Telemetry snapshots: frozen per-GPU and per-host samples, and bounded metric histories.
+
+Pure data and maths, no I/O. Any metric a driver or host does not provide is `None`
+(shown as "n/a" by `fmt`), never an exception. Snapshots round-trip through JSON with
+`to_dict()` / `from_dict()`; that JSON is what `gputui monitor --json` prints and what
+`--record` writes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterable, Iterator, Mapping
+
+SCHEMA_VERSION = 1  # of the JSON documents/lines written by `gputui monitor --json` and `--record`
+
+
+class HostState(str, enum.Enum):
+    """Where a host stands. Every state but `ok` comes with a one-line reason."""
+
+    OK = "ok"
+    CONNECTING = "connecting"
+    UNREACHABLE = "unreachable"
+    AUTH_FAILED = "auth-failed"
+    HOST_KEY_UNKNOWN = "host-key-unknown"
+    HOST_KEY_MISMATCH = "host-key-mismatch"
+    NO_NVIDIA_SMI = "no-nvidia-smi"
+    NO_DRIVER = "no-driver"  # NVML or nvidia-smi is there, but no NVIDIA driver answers: a normal state
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def worked(self) -> bool:
+        """True when the host answered (with or without GPUs)."""
+        return self in (HostState.OK, HostState.NO_DRIVER)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU."""
+
+    pid: int
+    name: str | None = None  # the command line (or executable) where known
+    user: str | None = None
+    gpu_memory_mib: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GpuProcess":
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+# Numeric metrics of a GPU, in the order a table shows them; History tracks each.
+GPU_METRICS: tuple[str, ...] = (
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_mib",
+    "mem_total_mib",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "fan_pct",
+    "clock_sm_mhz",
+    "clock_mem_mhz",
+    "pcie_rx_kib_s",
+    "pcie_tx_kib_s",
+    "ecc_corrected",
+    "ecc_uncorrected",
+)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment. Units: %, MiB, degrees C, W, MHz, KiB/s; None = not available."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    util_pct: float | None = None  # SM (kernel) utilisation
+    mem_util_pct: float | None = None  # memory-bandwidth utilisation
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    fan_pct: float | None = None
+    clock_sm_mhz: float | None = None
+    clock_mem_mhz: float | None = None
+    pcie_rx_kib_s: float | None = None
+    pcie_tx_kib_s: float | None = None
+    pstate: str | None = None  # "P0" (full speed) .. "P12" (idle)
+    ecc_corrected: int | None = None  # volatile (since the driver loaded)
+    ecc_uncorrected: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def mem_pct(self) -> float | None:
+        """Memory used as a percentage of the total."""
+        if self.mem_used_mib is None or not self.mem_total_mib:
+            return None
+        return 100.0 * self.mem_used_mib / self.mem_total_mib
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "processes"}
+        out["processes"] = [p.to_dict() for p in self.processes]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GpuSample":
+        values = {f.name: data.get(f.name) for f in fields(cls) if f.name != "processes"}
+        values["processes"] = tuple(GpuProcess.from_dict(p) for p in data.get("processes") or ())
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """One host at one moment: its state, its CPU and memory, and its GPUs."""
+
+    name: str
+    state: HostState
+    time: float  # Unix seconds when the sample was taken (or the attempt made)
+    duration_s: float | None = None  # how long taking the sample took
+    kind: str = "local"  # local, ssh, sim, replay
+    address: str | None = None  # user@host:port for remote hosts
+    cpu_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    message: str | None = None  # one line: why the state is not ok, or a note ("no GPU")
+    driver: str | None = None  # NVIDIA driver version where known
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gpus"}
+        out["state"] = self.state.value
+        out["gpus"] = [g.to_dict() for g in self.gpus]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "HostSnapshot":
+        values = {f.name: data.get(f.name) for f in fields(cls) if f.name in data and f.name != "gpus"}
+        values["state"] = HostState(data["state"])
+        values["gpus"] = tuple(GpuSample.from_dict(g) for g in data.get("gpus") or ())
+        return cls(**values)
+
+    def with_state(self, state: HostState, message: str | None, time: float | None = None) -> "HostSnapshot":
+        """This snapshot with another state and reason (and, optionally, time)."""
+        return replace(self, state=state, message=message, time=self.time if time is None else time)
+
+
+def round_to_dict(hosts: Iterable[HostSnapshot], time: float) -> dict[str, Any]:
+    """One polling round as the JSON document of `gputui monitor --json`."""
+    return {"version": SCHEMA_VERSION, "time": time, "hosts": [h.to_dict() for h in hosts]}
+
+
+def round_from_dict(data: Mapping[str, Any]) -> list[HostSnapshot]:
+    """The host snapshots of one round written by `round_to_dict`."""
+    version = data.get("version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"telemetry schema version {version!r} (this gputui reads {SCHEMA_VERSION})")
+    return [HostSnapshot.from_dict(h) for h in data["hosts"]]
+
+
+def fmt(value: float | int | str | None, unit: str = "", digits: int = 0) -> str:
+    """A metric for display: "n/a" for None, else the value rounded with its unit."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    return f"{value:.{digits}f}{unit}"
+
+
+def fmt_pair(used: float | None, total: float | None, unit: str = "", digits: int = 0) -> str:
+    """"used/total unit", with "n/a" for a missing side."""
+    if used is None and total is None:
+        return "n/a"
+    return f"{fmt(used, '', digits)}/{fmt(total, '', digits)}{unit}"
+
+
+@dataclass
+class History:
+    """A bounded ring of (time, value) samples of one metric, for sparklines and rates."""
+
+    maxlen: int = 300
+    _samples: deque[tuple[float, float | None]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._samples = deque(maxlen=self.maxlen)
+
+    def append(self, time: float, value: float | None) -> None:
+        self._samples.append((time, value))
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self) -> Iterator[tuple[float, float | None]]:
+        return iter(self._samples)
+
+    def values(self) -> list[float | None]:
+        """The values, oldest first (None where the metric was not available)."""
+        return [v for _, v in self._samples]
+
+    @property
+    def last(self) -> float | None:
+        return self._samples[-1][1] if self._samples else None
+
+    def _known(self, window: float | None) -> list[tuple[float, float]]:
+        known = [(t, v) for t, v in self._samples if v is not None]
+        if window is not None and known:
+            start = known[-1][0] - window
+            known = [(t, v) for t, v in known if t >= start]
+        return known
+
+    def mean(self, window: float | None = None) -> float | None:
+        """Mean of the known values (over the last `window` seconds if given)."""
+        known = self._known(window)
+        return sum(v for _, v in known) / len(known) if known else None
+
+    def peak(self, window: float | None = None) -> float | None:
+        known = self._known(window)
+        return max(v for _, v in known) if known else None
+
+    def rate(self, window: float | None = None) -> float | None:
+        """Change per second between the first and last known values (for counters)."""
+        known = self._known(window)
+        if len(known) < 2 or known[-1][0] <= known[0][0]:
+            return None
+        (t0, v0), (t1, v1) = known[0], known[-1]
+        return (v1 - v0) / (t1 - t0)
+
+
+HOST_METRICS: tuple[str, ...] = ("cpu_pct", "mem_used_mib", "duration_s")
+
+
+class TelemetryHistory:
+    """Histories of every metric of every host and GPU seen, fed one round at a time."""
+
+    def __init__(self, maxlen: int = 300) -> None:
+        self.maxlen = maxlen
+        self._series: dict[tuple[str, int | None, str], History] = {}
+
+    def update(self, hosts: Iterable[HostSnapshot]) -> None:
+        """Add one round. A host that did not answer adds None, so gaps show."""
+        for host in hosts:
+            for metric in HOST_METRICS:
+                self._get(host.name, None, metric).append(host.time, getattr(host, metric))
+            for gpu in host.gpus:
+                for metric in GPU_METRICS:
+                    self._get(host.name, gpu.index, metric).append(host.time, getattr(gpu, metric))
+
+    def _get(self, host: str, gpu: int | None, metric: str) -> History:
+        key = (host, gpu, metric)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = History(self.maxlen)
+        return series
+
+    def gpu(self, host: str, index: int, metric: str) -> History:
+        """The history of one GPU metric (empty if never seen)."""
+        if metric not in GPU_METRICS:
+            raise KeyError(metric)
+        return self._series.get((host, index, metric)) or History(self.maxlen)
+
+    def host(self, host: str, metric: str) -> History:
+        """The history of one host metric (empty if never seen)."""
+        if metric not in HOST_METRICS:
+            raise KeyError(metric)
+        return self._series.get((host, None, metric)) or History(self.maxlen)

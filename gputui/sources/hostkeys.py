@@ -1,0 +1,140 @@
+"""SSH host-key policy and the one-line reasons behind each host state.
+
+Keys are checked against ~/.ssh/known_hosts and gputui's own known-hosts file (under the
+user data directory). A changed key is always refused (paramiko raises BadHostKeyException
+before any policy is asked). An unknown key is refused with the command that trusts it,
+unless trust-on-first-use was asked for explicitly, in which case the key is recorded in
+gputui's file. Messages carry public-key fingerprints only; never passwords, passphrases
+or key material.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gputui.model.telemetry import HostState
+from gputui.paths import data_home
+
+if TYPE_CHECKING:
+    from gputui.sources.ssh import Target
+
+_WRITE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """Where host keys and ssh settings come from; tests point these into a temp dir."""
+
+    known_hosts: tuple[Path, ...] = (Path("~/.ssh/known_hosts"),)  # read, never written
+    gputui_known_hosts: Path | None = None  # read and written; default: <data home>/known_hosts
+    ssh_config: Path | None = Path("~/.ssh/config")
+    trust_on_first_use: bool = False  # for every host (--trust-on-first-use)
+
+    def gputui_known_hosts_path(self) -> Path:
+        return (self.gputui_known_hosts or data_home() / "known_hosts").expanduser()
+
+    def all_known_hosts(self) -> list[Path]:
+        return [p.expanduser() for p in self.known_hosts] + [self.gputui_known_hosts_path()]
+
+
+class HostKeyUnknown(Exception):
+    """The server's host key is in no known-hosts file and trust-on-first-use is off."""
+
+    def __init__(self, hostname: str, key: Any) -> None:
+        super().__init__(f"host key of {hostname} is not known")
+        self.hostname, self.key = hostname, key
+
+
+def fingerprint(key: Any) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class HostKeyPolicy:
+    """paramiko's missing-host-key hook: refuse, or (trust on first use) record and accept."""
+
+    def __init__(self, record_to: Path, trust_on_first_use: bool) -> None:
+        self.record_to = record_to
+        self.trust_on_first_use = trust_on_first_use
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        if not self.trust_on_first_use:
+            raise HostKeyUnknown(hostname, key)
+        from paramiko.hostkeys import HostKeyEntry
+
+        line = HostKeyEntry([hostname], key).to_line()
+        with _WRITE_LOCK:
+            self.record_to.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.record_to, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a", encoding="ascii") as f:
+                f.write(line)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _known_name(target: "Target") -> str:
+    return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a connection or poll failed: the host state, a one-line reason and how to fix it."""
+
+    state: HostState
+    reason: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{self.reason}; {self.fix}" if self.fix else self.reason
+
+
+def classify(exc: BaseException, target: "Target", timeout: float) -> Failure:
+    """The host state an exception from connecting or polling means, with its reason and fix."""
+    import paramiko
+
+    where = f"{target.hostname}:{target.port}"
+    known = _known_name(target)
+    if isinstance(exc, HostKeyUnknown):
+        keyscan = f"ssh-keyscan -p {target.port} {target.hostname} >> ~/.ssh/known_hosts"
+        return Failure(
+            HostState.HOST_KEY_UNKNOWN,
+            f"host key of {known} is not known ({exc.key.get_name()} {fingerprint(exc.key)})",
+            f"if that is the server's key, trust it with `{keyscan}` or set trust_on_first_use = true (--trust-on-first-use)",
+        )
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return Failure(
+            HostState.HOST_KEY_MISMATCH,
+            f"host key of {known} has CHANGED (now {exc.key.get_name()} {fingerprint(exc.key)}, known {fingerprint(exc.expected_key)}): refused",
+            f"if the server was reinstalled, remove the old key with `ssh-keygen -R '{known}'`",
+        )
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return Failure(HostState.AUTH_FAILED, "the identity file is passphrase-protected", "load it into ssh-agent (ssh-add FILE)")
+    if isinstance(exc, paramiko.AuthenticationException):
+        tried = ", ".join(Path(k).name for k in target.key_files) or "ssh-agent and ~/.ssh/id_*"
+        return Failure(
+            HostState.AUTH_FAILED,
+            f"authentication failed for {target.user}@{target.hostname} (tried {tried})",
+            "add your public key to ~/.ssh/authorized_keys there, or set identity_file (--identity)",
+        )
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return Failure(HostState.UNREACHABLE, f"connection refused by {where}", "check the port and that sshd runs there")
+    if isinstance(exc, socket.gaierror):
+        return Failure(HostState.UNREACHABLE, f"unknown host name {target.hostname!r}", "check the address")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return Failure(HostState.UNREACHABLE, f"no answer from {where} within {timeout:g} s", "check the address, the port and the firewall")
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc).lower():
+        return Failure(HostState.UNREACHABLE, f"no SSH banner from {where} within {timeout:g} s", "check the port: is an SSH server listening there?")
+    if isinstance(exc, (EOFError, ConnectionError)):
+        return Failure(HostState.UNREACHABLE, f"connection to {where} closed")
+    if isinstance(exc, OSError):
+        return Failure(HostState.UNREACHABLE, f"{where}: {exc.strerror or exc}")
+    if isinstance(exc, paramiko.SSHException):
+        return Failure(HostState.ERROR, f"SSH error with {where}: {str(exc)[:200]}")
+    return Failure(HostState.ERROR, f"{type(exc).__name__}: {str(exc)[:200]}")

@@ -1,0 +1,259 @@
+"""The command a remote poll runs, and a pure parser of what it prints.
+
+One `sh` script per poll prints, between `@@` markers: /proc/stat's cpu line before and
+after, /proc/meminfo's totals, `nvidia-smi --query-gpu=...` and `--query-compute-apps=...`
+in CSV (no header, no units) with their exit codes, and `ps` rows (pid, user, command)
+for the compute processes. Everything is parsed here without I/O, so drivers' quirks
+(`[N/A]`, `[Not Supported]`, missing columns, odd spacing, fields an old driver rejects)
+are unit-tested.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gputui.model.telemetry import GpuProcess, GpuSample, HostState
+from gputui.sources.host import CpuTimes, parse_meminfo, parse_proc_stat_line
+
+# nvidia-smi --query-gpu field -> GpuSample attribute ("driver_version" goes to the host).
+GPU_FIELDS: dict[str, str] = {
+    "index": "index",
+    "name": "name",
+    "uuid": "uuid",
+    "utilization.gpu": "util_pct",
+    "utilization.memory": "mem_util_pct",
+    "memory.used": "mem_used_mib",
+    "memory.total": "mem_total_mib",
+    "temperature.gpu": "temperature_c",
+    "power.draw": "power_w",
+    "power.limit": "power_limit_w",
+    "fan.speed": "fan_pct",
+    "clocks.sm": "clock_sm_mhz",
+    "clocks.mem": "clock_mem_mhz",
+    "pstate": "pstate",
+    "ecc.errors.corrected.volatile.total": "ecc_corrected",
+    "ecc.errors.uncorrected.volatile.total": "ecc_uncorrected",
+    "driver_version": "driver",
+}
+REQUIRED_GPU_FIELDS = ("index",)
+APP_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "process_name", "used_memory")
+_TEXT_ATTRS = {"name", "uuid", "pstate", "driver"}
+_INT_ATTRS = {"index", "ecc_corrected", "ecc_uncorrected"}
+
+# Values nvidia-smi prints for a metric it cannot give.
+_MISSING = re.compile(r"^\[?\s*(n/?a|not supported|unknown error|unknown|gpu requires reset|insufficient permissions|gpu is lost|no data)\s*\]?$", re.I)
+_NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?")
+_INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query', re.I)
+
+MAX_COMMAND_CHARS = 200
+
+
+def remote_script(gpu_fields: tuple[str, ...]) -> str:
+    """The POSIX sh script one poll runs on a remote host."""
+    query = ",".join(gpu_fields)
+    apps = ",".join(APP_FIELDS)
+    return f"""export LC_ALL=C
+echo '@@gputui 1'
+read -r l < /proc/stat && echo "@@stat0 $l"
+echo '@@meminfo'
+while read -r k v _; do case $k in MemTotal:|MemAvailable:|MemFree:) echo "$k $v kB";; esac; done < /proc/meminfo
+if ! command -v nvidia-smi >/dev/null 2>&1; then echo '@@missing nvidia-smi'; exit 0; fi
+echo '@@gpu'
+nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1; printf '\\n@@rc %s\\n' $?
+echo '@@apps'
+a=$(nvidia-smi --query-compute-apps={apps} --format=csv,noheader,nounits 2>&1); r=$?
+printf '%s\\n@@rc %s\\n' "$a" $r
+echo '@@ps'
+case $a in *[0-9]*) p=$(printf '%s\\n' "$a" | sed -n 's/^[^,]*, *\\([0-9][0-9]*\\) *,.*/\\1/p' | tr '\\n' ',');
+  [ -n "$p" ] && ps -o pid=,user=,args= -p "${{p%,}}" 2>/dev/null;; esac
+read -r l < /proc/stat && echo "@@stat1 $l"
+echo '@@end'
+"""
+
+
+def remote_command(gpu_fields: tuple[str, ...]) -> str:
+    """The script wrapped for whatever login shell the remote user has (bash, zsh, fish...)."""
+    return "sh -c " + shlex.quote(remote_script(gpu_fields))
+
+
+def parse_value(text: str) -> str | None:
+    """A CSV cell: stripped, with "[N/A]", "[Not Supported]" and the like mapped to None."""
+    text = text.strip()
+    if not text or _MISSING.match(text):
+        return None
+    return text
+
+
+def parse_number(text: str | None) -> float | None:
+    """A number from a cell, ignoring a unit left after it ("45 %", "250.00 W")."""
+    if text is None:
+        return None
+    m = _NUMBER.match(text.strip())
+    return float(m.group(0)) if m else None
+
+
+def split_row(line: str, n_fields: int, wide: int | None = None) -> list[str | None]:
+    """Split a CSV row into exactly `n_fields` cells: missing ones are None; extra commas
+    belong to the cell at index `wide` (a name that contains a comma)."""
+    cells = [c for c in line.split(",")]
+    if len(cells) > n_fields and wide is not None:
+        extra = len(cells) - n_fields
+        cells = cells[:wide] + [",".join(cells[wide : wide + extra + 1])] + cells[wide + extra + 1 :]
+    values = [parse_value(c) for c in cells[:n_fields]]
+    return values + [None] * (n_fields - len(values))
+
+
+def parse_gpu_rows(text: str, gpu_fields: tuple[str, ...]) -> tuple[list[GpuSample], str | None]:
+    """GPUs from `--query-gpu` CSV output, and the driver version if it was asked for."""
+    attrs = [GPU_FIELDS.get(f, "") for f in gpu_fields]
+    wide = attrs.index("name") if "name" in attrs else None
+    gpus: list[GpuSample] = []
+    driver = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = split_row(line, len(gpu_fields), wide)
+        values: dict[str, Any] = {}
+        for attr, cell in zip(attrs, cells):
+            if not attr:
+                continue
+            if attr in _TEXT_ATTRS:
+                values[attr] = cell
+            else:
+                number = parse_number(cell)
+                values[attr] = None if number is None else (int(number) if attr in _INT_ATTRS else number)
+        driver = values.pop("driver", None) or driver
+        if values.get("index") is None:
+            values["index"] = len(gpus)
+        gpus.append(GpuSample(**values))
+    return gpus, driver
+
+
+def parse_apps(text: str) -> list[tuple[str | None, GpuProcess]]:
+    """(GPU uuid, process) pairs from `--query-compute-apps` CSV output."""
+    out: list[tuple[str | None, GpuProcess]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.strip().lower().startswith("no running"):
+            continue
+        uuid, pid, name, memory = split_row(line, len(APP_FIELDS), wide=2)
+        pid_number = parse_number(pid)
+        if pid_number is None:
+            continue
+        out.append((uuid, GpuProcess(pid=int(pid_number), name=name, gpu_memory_mib=parse_number(memory))))
+    return out
+
+
+def parse_ps(text: str) -> dict[int, tuple[str, str | None]]:
+    """pid -> (user, command) from `ps -o pid=,user=,args=` rows."""
+    out: dict[int, tuple[str, str | None]] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) >= 2 and parts[0].isdigit():
+            command = parts[2].strip()[:MAX_COMMAND_CHARS] if len(parts) > 2 else None
+            out[int(parts[0])] = (parts[1], command or None)
+    return out
+
+
+@dataclass(frozen=True)
+class RemoteReading:
+    """What one remote poll found."""
+
+    state: HostState
+    message: str | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    driver: str | None = None
+    cpu_before: CpuTimes | None = None
+    cpu_after: CpuTimes | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    invalid_fields: tuple[str, ...] = field(default=())  # --query-gpu fields this driver rejects
+
+
+def _sections(text: str) -> tuple[dict[str, str], dict[str, int], dict[str, str]]:
+    """Marker name -> body, marker name -> exit code, and one-line markers (`@@stat0 ...`)."""
+    bodies: dict[str, list[str]] = {}
+    codes: dict[str, int] = {}
+    inline: dict[str, str] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            name, _, rest = line[2:].partition(" ")
+            if name == "rc" and current is not None:
+                codes[current] = int(rest) if rest.strip().lstrip("-").isdigit() else -1
+            elif rest:
+                inline[name] = rest
+            else:
+                current = name
+                bodies.setdefault(name, [])
+            continue
+        if current is not None:
+            bodies[current].append(line)
+    return {k: "\n".join(v) for k, v in bodies.items()}, codes, inline
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return "no output"
+
+
+def _smi_failure(body: str, code: int) -> tuple[HostState, str] | None:
+    """The state a failed nvidia-smi run means, or None if its output is data."""
+    lowered = body.lower()
+    if "no devices were found" in lowered:
+        return None
+    if "couldn't communicate with the nvidia driver" in lowered or "driver not loaded" in lowered:
+        return HostState.NO_DRIVER, "no NVIDIA driver (nvidia-smi cannot talk to it)"
+    if code != 0:
+        return HostState.ERROR, f"nvidia-smi failed (exit {code}): {_first_line(body)}"
+    return None
+
+
+def parse_report(text: str, gpu_fields: tuple[str, ...]) -> RemoteReading:
+    """Parse everything the remote script printed."""
+    bodies, codes, inline = _sections(text)
+    used, total = parse_meminfo(bodies.get("meminfo", ""))
+    base = RemoteReading(
+        HostState.OK,
+        cpu_before=parse_proc_stat_line("cpu " + inline["stat0"].split(None, 1)[-1]) if "stat0" in inline else None,
+        cpu_after=parse_proc_stat_line("cpu " + inline["stat1"].split(None, 1)[-1]) if "stat1" in inline else None,
+        mem_used_mib=used,
+        mem_total_mib=total,
+    )
+    if "gputui" not in inline:
+        return replace(base, state=HostState.ERROR, message=f"unexpected answer: {_first_line(text)}")
+    if inline.get("missing") == "nvidia-smi":
+        return replace(base, state=HostState.NO_NVIDIA_SMI, message="nvidia-smi not found on the PATH (no NVIDIA driver installed?)")
+    if "gpu" not in bodies:
+        return replace(base, state=HostState.ERROR, message="the poll was cut short (no nvidia-smi output)")
+    gpu_body, gpu_code = bodies["gpu"], codes.get("gpu", -1)
+    invalid = tuple(_INVALID_FIELD.findall(gpu_body))
+    if invalid:
+        message = f"nvidia-smi rejects field(s) {', '.join(invalid)}"
+        return replace(base, state=HostState.ERROR, message=message, invalid_fields=invalid)
+    failure = _smi_failure(gpu_body, gpu_code)
+    if failure is not None:
+        return replace(base, state=failure[0], message=failure[1])
+    if "no devices were found" in gpu_body.lower():
+        return replace(base, message="no GPU")
+    gpus, driver = parse_gpu_rows(gpu_body, gpu_fields)
+    apps_body = bodies.get("apps", "")
+    if codes.get("apps", 0) == 0 and not _INVALID_FIELD.search(apps_body):
+        gpus = _attach_processes(gpus, parse_apps(apps_body), parse_ps(bodies.get("ps", "")))
+    return replace(base, message=None if gpus else "no GPU", gpus=tuple(gpus), driver=driver)
+
+
+def _attach_processes(
+    gpus: list[GpuSample], apps: list[tuple[str | None, GpuProcess]], ps: dict[int, tuple[str, str | None]]
+) -> list[GpuSample]:
+    by_uuid: dict[str | None, list[GpuProcess]] = {}
+    for uuid, proc in apps:
+        user, command = ps.get(proc.pid, (None, None))
+        by_uuid.setdefault(uuid, []).append(replace(proc, user=user, name=command or proc.name))
+    if len(gpus) == 1 and None in by_uuid:  # a driver that gave no uuid: one GPU is unambiguous
+        by_uuid.setdefault(gpus[0].uuid, []).extend(by_uuid.pop(None))
+    return [replace(g, processes=tuple(by_uuid.get(g.uuid, ()))) if g.uuid in by_uuid else g for g in gpus]

@@ -1,0 +1,127 @@
+"""A simulated source for demos and tests: N hosts x M GPUs with seeded, plausible dynamics.
+
+Each host alternates between training runs and idle spells (or follows `set_active`).
+While a run is active, utilisation, memory and power rise; temperature follows power with
+a lag; the fan follows temperature. The same seed gives the same sequence of readings.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+
+GPU_NAME = "NVIDIA A100-SXM4-80GB (simulated)"
+MEM_TOTAL_MIB = 81920.0
+POWER_IDLE_W, POWER_LIMIT_W = 55.0, 400.0
+AMBIENT_C = 30.0
+
+
+@dataclass
+class _Gpu:
+    util: float = 0.0
+    mem_used: float = 4.0
+    power: float = POWER_IDLE_W
+    temperature: float = AMBIENT_C + 6.0
+
+
+@dataclass
+class _Host:
+    name: str
+    gpus: list[_Gpu]
+    active: bool = False
+    steps_left: int = 0  # until the run (or the idle spell) ends
+    forced: bool | None = None  # set_active() overrides the schedule
+    mem_total: float = 515_000.0
+    pids: list[int] = field(default_factory=list)
+
+
+class SimSource:
+    """Simulated hosts `sim-0` .. `sim-{N-1}`, each with M GPUs; one step per poll."""
+
+    def __init__(self, hosts: int = 2, gpus: int = 4, seed: int = 0, clock: Callable[[], float] = time.time) -> None:
+        if hosts < 1 or gpus < 0:
+            raise ValueError("a simulation needs at least one host and no negative GPU count")
+        self._rng = random.Random(seed)
+        self._clock = clock
+        self._hosts = [_Host(f"sim-{i}", [_Gpu() for _ in range(gpus)]) for i in range(hosts)]
+        for host in self._hosts:
+            host.active = self._rng.random() < 0.5
+            host.steps_left = self._rng.randint(5, 40)
+            host.pids = [self._rng.randint(2000, 60000) for _ in range(gpus)]
+
+    def set_active(self, host: int, active: bool | None) -> None:
+        """Force a host's run on or off (None: back to the seeded schedule)."""
+        self._hosts[host].forced = active
+
+    def is_active(self, host: int) -> bool:
+        h = self._hosts[host]
+        return h.active if h.forced is None else h.forced
+
+    def poll(self) -> list[HostSnapshot]:
+        now = self._clock()
+        return [self._step(i, h, now) for i, h in enumerate(self._hosts)]
+
+    def close(self) -> None:
+        pass
+
+    def _step(self, i: int, host: _Host, now: float) -> HostSnapshot:
+        rng = self._rng
+        host.steps_left -= 1
+        if host.steps_left <= 0:
+            host.active = not host.active
+            host.steps_left = rng.randint(20, 60) if host.active else rng.randint(5, 20)
+        active = self.is_active(i)
+        samples = tuple(self._gpu_step(index, gpu, active, host.pids[index]) for index, gpu in enumerate(host.gpus))
+        cpu = (35.0 + 20.0 * rng.random()) if active else (1.0 + 4.0 * rng.random())
+        mem_used = (48_000.0 if active else 9_000.0) + 2_000.0 * rng.random()
+        return HostSnapshot(
+            name=host.name,
+            state=HostState.OK,
+            time=now,
+            duration_s=0.002 + 0.003 * rng.random(),
+            kind="sim",
+            address="simulated",
+            cpu_pct=round(cpu, 1),
+            mem_used_mib=round(mem_used, 1),
+            mem_total_mib=host.mem_total,
+            gpus=samples,
+            message=None if samples else "no GPU",
+            driver="550.90.07 (simulated)",
+        )
+
+    def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int) -> GpuSample:
+        rng = self._rng
+        target = (90.0 + 9.0 * rng.random()) if active else 2.0 * rng.random()
+        gpu.util += (target - gpu.util) * 0.5
+        mem_target = (60_000.0 + 8_000.0 * rng.random()) if active else 4.0
+        gpu.mem_used += (mem_target - gpu.mem_used) * 0.6
+        power_target = POWER_IDLE_W + (POWER_LIMIT_W - POWER_IDLE_W) * (gpu.util / 100.0) ** 1.2
+        gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
+        gpu.temperature += (AMBIENT_C + 0.11 * gpu.power - gpu.temperature) * 0.15  # follows power, lagging
+        busy = gpu.util > 5.0
+        processes = (GpuProcess(pid=pid, name="python -m gputui run", user="gputui", gpu_memory_mib=round(gpu.mem_used - 4.0)),) if active else ()
+        return GpuSample(
+            index=index,
+            name=GPU_NAME,
+            uuid=f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}",
+            util_pct=round(gpu.util, 1),
+            mem_util_pct=round(gpu.util * 0.55, 1),
+            mem_used_mib=round(gpu.mem_used),
+            mem_total_mib=MEM_TOTAL_MIB,
+            temperature_c=round(gpu.temperature, 1),
+            power_w=round(gpu.power, 1),
+            power_limit_w=POWER_LIMIT_W,
+            fan_pct=None,  # passively cooled, like the real one
+            clock_sm_mhz=1410.0 if busy else 210.0,
+            clock_mem_mhz=1593.0,
+            pcie_rx_kib_s=round(rng.uniform(2e5, 3e6)) if active else round(rng.uniform(0, 500)),
+            pcie_tx_kib_s=round(rng.uniform(1e5, 1e6)) if active else round(rng.uniform(0, 500)),
+            pstate="P0" if busy else "P8",
+            ecc_corrected=0,
+            ecc_uncorrected=0,
+            processes=processes,
+        )

@@ -1,0 +1,317 @@
+"""Remote GPU hosts over SSH (paramiko, imported lazily): one persistent connection per host.
+
+Each poll runs one command (see gputui.sources.nvsmi) on the host's open connection. Hosts
+are polled concurrently, each in its own named daemon thread, and a round waits only for
+hosts that were connected, each bounded by its command timeout: a host that is connecting,
+backing off, slow or dead reports its current state and never delays the others. Polls of
+one host never overlap. Host keys are verified (see gputui.sources.hostkeys).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gputui.hosts import HostSpec
+from gputui.model.telemetry import HostSnapshot, HostState
+from gputui.sources.host import cpu_percent
+from gputui.sources.hostkeys import Failure, HostKeyPolicy, SshOptions, classify
+from gputui.sources.nvsmi import GPU_FIELDS, REQUIRED_GPU_FIELDS, parse_report, remote_command
+
+# paramiko logs failed handshakes at ERROR; without a handler Python would print them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+MIN_CPU_JIFFIES = 5.0  # below this, a CPU % between two /proc/stat readings is noise
+
+
+class CommandTimeout(Exception):
+    """The remote command gave no complete answer in time."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A host's connection parameters once ~/.ssh/config and defaults are applied."""
+
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+
+    def label(self) -> str:
+        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        return f"{self.user}@{host}:{self.port}"
+
+
+def resolve(spec: HostSpec, ssh_config: Path | None) -> Target:
+    """Apply ~/.ssh/config (HostName, Port, User, IdentityFile) under the profile's values."""
+    found: dict[str, Any] = {}
+    if ssh_config is not None:
+        path = ssh_config.expanduser()
+        if path.is_file():
+            import paramiko
+
+            try:
+                found = dict(paramiko.SSHConfig.from_path(str(path)).lookup(spec.address))
+            except Exception:  # noqa: BLE001 - a config paramiko cannot read is ignored, as ssh would warn
+                found = {}
+    keys: tuple[str, ...]
+    if spec.identity_file is not None:
+        keys = (str(spec.identity_file),)
+    else:
+        keys = tuple(str(Path(p).expanduser()) for p in found.get("identityfile", ()) if Path(p).expanduser().is_file())
+    try:
+        config_port = int(found.get("port", 22))
+    except ValueError:
+        config_port = 22
+    return Target(
+        hostname=str(found.get("hostname", spec.address)),
+        port=spec.port or config_port,
+        user=spec.user or str(found.get("user") or getpass.getuser()),
+        key_files=keys,
+    )
+
+
+class Backoff:
+    """Delays between reconnection attempts: 1, 2, 4 ... seconds, at most `cap`."""
+
+    def __init__(self, base: float = 1.0, cap: float = 60.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next_delay(self) -> float:
+        delay = min(self.cap, self.base * 2**self.failures)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class SshHost:
+    """One remote host: its connection, its latest snapshot, its backoff."""
+
+    def __init__(self, spec: HostSpec, options: SshOptions, clock: Callable[[], float] = time.monotonic) -> None:
+        self.spec = spec
+        self.options = options
+        self.target = resolve(spec, options.ssh_config)
+        self._clock = clock
+        self._client: Any = None
+        self._fields: tuple[str, ...] = tuple(GPU_FIELDS)
+        self._backoff = Backoff()
+        self._retry_at = 0.0
+        self._last_cpu: Any = None
+        self._done = threading.Event()
+        self._done.set()
+        self.attempts = 0  # connection attempts so far
+        self.failure: Failure | None = None  # why the last attempt failed
+        self.snapshot = self._snap(HostState.CONNECTING, "not polled yet", time.time(), None)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _snap(self, state: HostState, message: str | None, start: float, duration: float | None, **more: Any) -> HostSnapshot:
+        return HostSnapshot(
+            name=self.spec.name,
+            state=state,
+            time=start,
+            duration_s=duration,
+            kind="ssh",
+            address=self.target.label(),
+            message=message,
+            **more,
+        )
+
+    @property
+    def connected(self) -> bool:
+        transport = self._client.get_transport() if self._client is not None else None
+        return bool(transport is not None and transport.is_active())
+
+    @property
+    def busy(self) -> bool:
+        return not self._done.is_set()
+
+    def due(self) -> bool:
+        """Whether a poll may start now: not running, and not waiting out a backoff."""
+        return not self.busy and (self.connected or self._clock() >= self._retry_at)
+
+    def start(self) -> threading.Event:
+        """Start one poll in a daemon thread; the event is set when it is done."""
+        self._done.clear()
+        thread = threading.Thread(target=self._job, name=f"gputui-ssh-{self.spec.name}", daemon=True)
+        thread.start()
+        return self._done
+
+    def _job(self) -> None:
+        try:
+            self.poll_now()
+        finally:
+            self._done.set()
+
+    # -- connecting -----------------------------------------------------------------------
+
+    def connect(self) -> bool:
+        """Open the connection; on failure set the state and schedule the next attempt."""
+        import paramiko
+
+        start, t0 = time.time(), time.perf_counter()
+        self.snapshot = self._snap(HostState.CONNECTING, f"connecting to {self.target.label()}", start, None)
+        self.attempts += 1
+        client = paramiko.SSHClient()
+        timeout = self.spec.connect_timeout
+        tofu = self.spec.trust_on_first_use or self.options.trust_on_first_use
+        try:
+            for path in self.options.all_known_hosts():
+                if path.is_file():
+                    client.load_system_host_keys(str(path))
+            client.set_missing_host_key_policy(HostKeyPolicy(self.options.gputui_known_hosts_path(), tofu))
+            client.connect(
+                self.target.hostname,
+                port=self.target.port,
+                username=self.target.user,
+                key_filename=list(self.target.key_files) or None,
+                look_for_keys=not self.target.key_files,
+                allow_agent=True,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
+            )
+        except Exception as exc:  # noqa: BLE001 - every failure is a state of the host
+            client.close()
+            self._fail(classify(exc, self.target, timeout), start, time.perf_counter() - t0)
+            return False
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(15)
+        self._client = client
+        return True
+
+    def _fail(self, failure: Failure, start: float, duration: float) -> None:
+        self.failure = failure
+        delay = self._backoff.next_delay()
+        self._retry_at = self._clock() + delay
+        self.snapshot = self._snap(failure.state, f"{failure.line()} (retry in {delay:g} s)", start, duration)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- polling --------------------------------------------------------------------------
+
+    def run(self, command: str, timeout: float | None = None) -> tuple[int, str, str]:
+        """Run a command on the open connection: (exit status, stdout, stderr), bounded by
+        `timeout` (default: the host's command timeout)."""
+        timeout = self.spec.command_timeout if timeout is None else timeout
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is None or not transport.is_active():
+            raise EOFError("not connected")
+        deadline = time.monotonic() + timeout
+        channel = transport.open_session(timeout=timeout)
+        try:
+            channel.exec_command(command)
+            out = self._read(channel, deadline, channel.recv)
+            err = self._read(channel, deadline, channel.recv_stderr)
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise CommandTimeout()
+            return channel.recv_exit_status(), out, err
+        finally:
+            channel.close()
+
+    @staticmethod
+    def _read(channel: Any, deadline: float, recv: Callable[[int], bytes]) -> str:
+        chunks = []
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout()
+            channel.settimeout(remaining)
+            try:
+                data = recv(65536)
+            except socket.timeout:
+                raise CommandTimeout() from None
+            if not data:
+                return b"".join(chunks).decode("utf-8", errors="replace")
+            chunks.append(data)
+
+    def poll_now(self) -> HostSnapshot:
+        """Connect if needed and poll once, in this thread. Never raises."""
+        if not self.connected:
+            self.close()
+            if not self.connect():
+                return self.snapshot
+        start, t0 = time.time(), time.perf_counter()
+        try:
+            reading = self._read_host()
+        except CommandTimeout:
+            self.snapshot = self._snap(HostState.ERROR, f"no answer within {self.spec.command_timeout:g} s", start, time.perf_counter() - t0)
+            return self.snapshot
+        except Exception as exc:  # noqa: BLE001 - a lost connection: reconnect with backoff
+            self.close()
+            failure = classify(exc, self.target, self.spec.connect_timeout)
+            self._fail(replace(failure, reason=f"connection lost: {failure.reason}"), start, time.perf_counter() - t0)
+            return self.snapshot
+        self._backoff.reset()
+        self.failure = None
+        before = self._last_cpu if self._last_cpu is not None else reading.cpu_before
+        self._last_cpu = reading.cpu_after or self._last_cpu
+        self.snapshot = self._snap(
+            reading.state,
+            reading.message,
+            start,
+            time.perf_counter() - t0,
+            cpu_pct=cpu_percent(before, reading.cpu_after, MIN_CPU_JIFFIES),
+            mem_used_mib=reading.mem_used_mib,
+            mem_total_mib=reading.mem_total_mib,
+            gpus=reading.gpus,
+            driver=reading.driver,
+        )
+        return self.snapshot
+
+    def _read_host(self) -> Any:
+        """Run the poll command; drop --query-gpu fields this driver rejects (nvidia-smi names
+        one at a time; each is dropped once for good) and retry."""
+        for _ in range(len(GPU_FIELDS)):
+            _, out, err = self.run(remote_command(self._fields))
+            reading = parse_report(out + ("\n" + err if "@@gputui" not in out else ""), self._fields)
+            rejected = set(reading.invalid_fields) - set(REQUIRED_GPU_FIELDS)
+            if not rejected:
+                return reading
+            self._fields = tuple(f for f in self._fields if f not in rejected)
+        return reading
+
+
+class SshSource:
+    """Every remote host of a profile or of --host, polled concurrently."""
+
+    def __init__(self, specs: Sequence[HostSpec], options: SshOptions | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options or SshOptions()
+        self.hosts = [SshHost(spec, self.options, clock) for spec in specs]
+
+    def poll(self, settle: bool = False, wait: float | None = None) -> list[HostSnapshot]:
+        """One round. Waits for the hosts that were connected (or, with `settle`, for every
+        host, connecting included), at most `wait` seconds if given; each host's own
+        timeouts bound the rest. A host still busy reports its latest snapshot."""
+        waits = []
+        for host in self.hosts:
+            was_connected = host.connected
+            if host.due():
+                event = host.start()
+            elif host.busy:
+                event = host._done
+            else:
+                continue
+            if settle or was_connected:
+                waits.append(event)
+        deadline = None if wait is None else time.monotonic() + wait
+        for event in waits:
+            event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return [host.snapshot for host in self.hosts]
+
+    def close(self) -> None:
+        for host in self.hosts:
+            host.close()
