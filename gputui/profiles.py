@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gputui.errors import UserError
+from gputui.hosts import HOSTS_SECTION
 from gputui.schema import Field, Section, Source
 from gputui.train.recipes import MODEL_NAMES, RECIPES
 
@@ -62,7 +63,7 @@ RUN_SECTION = Section(
 
 # Every table a profile may hold. Each feature's schema lives in a torch-free module and is
 # listed here, so that a profile is validated whole whatever has been imported.
-PROFILE_SECTIONS: dict[str, Section] = {"run": RUN_SECTION}
+PROFILE_SECTIONS: dict[str, Section] = {"run": RUN_SECTION, "hosts": HOSTS_SECTION}
 
 
 @dataclass(frozen=True)
