@@ -1,0 +1,207 @@
+"""`gputui doctor`'s checks: Python, torch (CUDA, cuDNN, NCCL), NVML and the driver here,
+and for each remote host: reachable, host key known, nvidia-smi, GPUs, Python and torch.
+
+Each check is a row with a status (pass, warn, fail), what was found and how to fix it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from gputui.hosts import HostSpec
+from gputui.model.telemetry import HostState
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+MIN_PYTHON = (3, 10)
+REMOTE_TIMEOUT_S = 60.0  # importing torch on a cold remote disk is slow
+
+_REMOTE_PROBE = """import sys
+print("python", sys.version.split()[0])
+try:
+    import torch
+except Exception as exc:
+    print("torch-missing", type(exc).__name__)
+else:
+    cuda = torch.cuda.is_available()
+    print("torch", torch.__version__, "cuda" if cuda else "cpu", torch.cuda.device_count() if cuda else 0)
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the report."""
+
+    host: str  # "local" or a remote host's name
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def python_check() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info[:2] >= MIN_PYTHON:
+        return Check("local", "python", PASS, f"Python {version} ({sys.executable})")
+    need = ".".join(map(str, MIN_PYTHON))
+    return Check("local", "python", FAIL, f"Python {version}", f"install Python {need} or newer")
+
+
+def torch_checks() -> list[Check]:
+    """torch's version, and whether CUDA, cuDNN and NCCL are usable."""
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - a broken install is a finding, not a crash
+        return [Check("local", "torch", FAIL, f"cannot import torch: {type(exc).__name__}: {exc}", "python3 -m pip install torch")]
+    rows = [Check("local", "torch", PASS, f"torch {torch.__version__}")]
+    cuda_build = torch.version.cuda
+    if not torch.cuda.is_available():
+        why = "a CPU build of torch" if cuda_build is None else f"CUDA {cuda_build} build, but no usable GPU or driver"
+        fix = "on a GPU machine: python3 -m pip install torch (the CUDA build)" if cuda_build is None else "check the driver with nvidia-smi"
+        rows.append(Check("local", "cuda", WARN, f"no CUDA ({why}); training runs on the CPU", fix))
+        rows.append(Check("local", "cudnn", WARN, "n/a without CUDA", ""))
+        rows.append(Check("local", "nccl", WARN, "n/a without CUDA (DDP uses gloo)", ""))
+        return rows
+    rows.append(Check("local", "cuda", PASS, f"CUDA {cuda_build}, {torch.cuda.device_count()} GPU(s) visible to torch"))
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    rows.append(
+        Check("local", "cudnn", PASS, f"cuDNN {cudnn}")
+        if cudnn
+        else Check("local", "cudnn", WARN, "cuDNN not available: convolutions run slower", "install a torch build with cuDNN")
+    )
+    try:
+        import torch.distributed as dist
+
+        nccl = dist.is_available() and dist.is_nccl_available()
+        version = ".".join(map(str, torch.cuda.nccl.version())) if nccl else None
+    except Exception:  # noqa: BLE001
+        nccl, version = False, None
+    rows.append(
+        Check("local", "nccl", PASS, f"NCCL {version}")
+        if nccl
+        else Check("local", "nccl", WARN, "NCCL not available: multi-GPU DDP falls back to gloo", "install a torch build with NCCL (Linux CUDA wheels have it)")
+    )
+    return rows
+
+
+def nvml_checks() -> list[Check]:
+    """NVML, the driver version and the GPU count, through the same source `monitor` uses."""
+    from gputui.sources.nvml import NvmlSource
+
+    source = NvmlSource()
+    try:
+        snap = source.poll()[0]
+    finally:
+        source.close()
+    if snap.state == HostState.NO_DRIVER:
+        return [
+            Check("local", "nvml", WARN, snap.message or "no NVIDIA driver", "on a GPU machine, install the NVIDIA driver (nvidia-smi should work)"),
+            Check("local", "gpus", WARN, "0 GPUs: training runs on the CPU", ""),
+        ]
+    if snap.state != HostState.OK:
+        fix = "python3 -m pip install nvidia-ml-py" if "not installed" in (snap.message or "") else "check the driver with nvidia-smi"
+        return [Check("local", "nvml", FAIL, snap.message or "NVML failed", fix)]
+    rows = [Check("local", "nvml", PASS, f"NVML ok, driver {snap.driver or 'n/a'}")]
+    names = sorted({g.name or "n/a" for g in snap.gpus})
+    if snap.gpus:
+        rows.append(Check("local", "gpus", PASS, f"{len(snap.gpus)} GPU(s): {', '.join(names)}"))
+    else:
+        rows.append(Check("local", "gpus", WARN, "the driver sees no GPU", "check that the GPU is seated and powered (nvidia-smi -L)"))
+    return rows
+
+
+def local_checks() -> list[Check]:
+    return [python_check(), *torch_checks(), *nvml_checks()]
+
+
+def _connection_checks(name: str, failure: Any) -> list[Check]:
+    """Reachable / host key / login rows for a host that did not get as far as nvidia-smi."""
+    if failure.state in (HostState.UNREACHABLE, HostState.CONNECTING):
+        return [Check(name, "reachable", FAIL, failure.reason, failure.fix or "check the address, the port and that sshd runs there")]
+    rows = [Check(name, "reachable", PASS, "the SSH server answers")]
+    if failure.state in (HostState.HOST_KEY_UNKNOWN, HostState.HOST_KEY_MISMATCH):
+        rows.append(Check(name, "host key", FAIL, failure.reason, failure.fix))
+    elif failure.state == HostState.AUTH_FAILED:
+        rows.append(Check(name, "host key", PASS, "known"))
+        rows.append(Check(name, "login", FAIL, failure.reason, failure.fix))
+    else:
+        rows.append(Check(name, "ssh", FAIL, failure.reason, failure.fix or "see the reason"))
+    return rows
+
+
+def remote_checks(spec: HostSpec, options: Any) -> list[Check]:
+    """Connect to one host and check it end to end."""
+    from gputui.sources.ssh import SshHost
+
+    host = SshHost(spec, options)
+    name = spec.name
+    try:
+        snap = host.poll_now()
+        message = snap.message or ""
+        if host.failure is not None:
+            return _connection_checks(name, host.failure)
+        rows = [Check(name, "reachable", PASS, f"{host.target.label()} answers"), Check(name, "host key", PASS, "known")]
+        if snap.state == HostState.OK:
+            rows.append(Check(name, "nvidia-smi", PASS, f"driver {snap.driver or 'n/a'}"))
+            rows.append(
+                Check(name, "gpus", PASS, f"{len(snap.gpus)} GPU(s): {', '.join(sorted({g.name or 'n/a' for g in snap.gpus}))}")
+                if snap.gpus
+                else Check(name, "gpus", WARN, "nvidia-smi sees no GPU", "check the GPUs there with nvidia-smi -L")
+            )
+        elif snap.state == HostState.NO_NVIDIA_SMI:
+            rows.append(Check(name, "nvidia-smi", FAIL, message, f"install the NVIDIA driver on {name} (it brings nvidia-smi)"))
+        else:
+            rows.append(Check(name, "nvidia-smi", FAIL, message, f"run nvidia-smi on {name} and fix what it says"))
+        rows.extend(_python_checks(host, name))
+        return rows
+    finally:
+        host.close()
+
+
+def _python_checks(host: Any, name: str) -> list[Check]:
+    command = "sh -c " + shlex.quote('command -v python3 >/dev/null 2>&1 || exit 127; exec python3 -c "$0"') + " " + shlex.quote(_REMOTE_PROBE)
+    try:
+        code, out, _ = host.run(command, timeout=REMOTE_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001
+        return [Check(name, "python", FAIL, f"could not run python3: {type(exc).__name__}", "check the connection")]
+    if code == 127:
+        return [Check(name, "python", FAIL, "python3 not found", f"install Python {'.'.join(map(str, MIN_PYTHON))}+ on {name}")]
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()}
+    rows = []
+    version = (lines.get("python") or ["n/a"])[0]
+    rows.append(Check(name, "python", PASS if _version_ok(version) else FAIL, f"Python {version}", "" if _version_ok(version) else f"install Python 3.10+ on {name}"))
+    if "torch" in lines:
+        torch_version, device, count = (lines["torch"] + ["", "", ""])[:3]
+        detail = f"torch {torch_version}, " + (f"CUDA, {count} GPU(s)" if device == "cuda" else "no CUDA")
+        rows.append(Check(name, "torch", PASS if device == "cuda" else WARN, detail, "" if device == "cuda" else f"install the CUDA build of torch on {name}"))
+    else:
+        rows.append(Check(name, "torch", WARN, "torch not installed", f"python3 -m pip install torch on {name}"))
+    return rows
+
+
+def _version_ok(version: str) -> bool:
+    try:
+        return tuple(int(p) for p in version.split(".")[:2]) >= MIN_PYTHON
+    except ValueError:
+        return False
+
+
+def all_remote_checks(specs: Sequence[HostSpec], options: Any) -> list[Check]:
+    """Every host checked concurrently; rows in host order."""
+    results: list[list[Check]] = [[] for _ in specs]
+
+    def work(i: int, spec: HostSpec) -> None:
+        results[i] = remote_checks(spec, options)
+
+    threads = [threading.Thread(target=work, args=(i, s), name=f"gputui-doctor-{s.name}", daemon=True) for i, s in enumerate(specs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [row for rows in results for row in rows]
