@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from gputui.sources.ssh import Target
 
 _WRITE_LOCK = threading.Lock()
+# paramiko's words when a server accepts TCP but never completes the SSH handshake in time
+# (which one depends on whether the banner or the negotiation timer fires first)
+_NO_HANDSHAKE = ("banner", "no existing session", "negotiation")
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,8 @@ def classify(exc: BaseException, target: "Target", timeout: float) -> Failure:
         return Failure(HostState.UNREACHABLE, f"unknown host name {target.hostname!r}", "check the address")
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return Failure(HostState.UNREACHABLE, f"no answer from {where} within {timeout:g} s", "check the address, the port and the firewall")
-    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc).lower():
-        return Failure(HostState.UNREACHABLE, f"no SSH banner from {where} within {timeout:g} s", "check the port: is an SSH server listening there?")
+    if isinstance(exc, paramiko.SSHException) and any(w in str(exc).lower() for w in _NO_HANDSHAKE):
+        return Failure(HostState.UNREACHABLE, f"no SSH handshake from {where} within {timeout:g} s", "check the port: is an SSH server listening there?")
     if isinstance(exc, (EOFError, ConnectionError)):
         return Failure(HostState.UNREACHABLE, f"connection to {where} closed")
     if isinstance(exc, OSError):
