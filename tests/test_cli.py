@@ -13,7 +13,8 @@ from .conftest import json_lines, run_cli
 
 
 def test_json_stream_has_only_events(small_data: Path, tmp_path: Path) -> None:
-    result = run_cli("run", "--json", "--data", str(small_data), "--epochs", "2", "--run-dir", str(tmp_path / "r"))
+    result = run_cli("run", "--json", "--data", str(small_data), "--epochs", "2", "--batch-size", "64",
+                     "--run-dir", str(tmp_path / "r"))
     assert result.returncode == 0, result.stderr
     events = json_lines(result.stdout)  # every stdout line is JSON
     kinds = [e["event"] for e in events]
@@ -113,3 +114,15 @@ def test_version_and_help() -> None:
     assert result.returncode == 0 and "run" in result.stdout
     result = run_cli("run", "--help")
     assert "--resume" in result.stdout and "--json" in result.stdout
+
+
+def test_same_seed_same_weights(small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    for name in ("a", "b"):
+        args = ["run", "--json", "--data", str(small_data), "--epochs", "1", "--seed", "11", "--threads", "1"]
+        assert main(args + ["--run-dir", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    a = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

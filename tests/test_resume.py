@@ -54,7 +54,9 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
-TRAIN = ["--epochs", "3", "--batch-size", "16", "--seed", "7", "--threads", "1"]
+# 1024 steps an epoch on the medium slice: long enough to signal a run inside epoch 2.
+TRAIN = ["--epochs", "3", "--batch-size", "4", "--seed", "7", "--threads", "1"]
+STEPS = 1024
 
 
 def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
@@ -77,7 +79,7 @@ def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
     assert events[-1]["event"] == "interrupted"
     assert events[-1]["reason"] == "SIGTERM"
     stopped_at = events[-1]["step"]
-    assert 256 < stopped_at < 512  # inside epoch 2 (256 steps an epoch)
+    assert STEPS < stopped_at < 2 * STEPS  # inside epoch 2
     assert "interrupted: checkpoint saved" in err and "--resume" in err
     assert torch.load(run_dir / "ckpt.pt", weights_only=True)["step"] == stopped_at
 
@@ -99,18 +101,18 @@ def test_sigkill_resumes_from_the_last_epoch(medium_data: Path, tmp_path: Path) 
     proc.kill()
     proc.communicate(timeout=30)
     state = torch.load(run_dir / "ckpt.pt", weights_only=True)
-    assert (state["epoch"], state["batch"], state["step"]) == (1, 0, 256)
+    assert (state["epoch"], state["batch"], state["step"]) == (1, 0, STEPS)
     assert not (run_dir / "ckpt.pt.tmp").exists()
 
     resumed = run_cli("run", "--json", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr
     events = json_lines(resumed.stdout)
-    assert events[0]["resumed_from_step"] == 256
+    assert events[0]["resumed_from_step"] == STEPS
     assert [e["epoch"] for e in events if e["event"] == "epoch"] == [2, 3]
 
 
 def test_resume_last_and_extend_epochs(small_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--json", "--data", str(small_data), "--epochs", "1"]) == 0
+    assert main(["run", "--json", "--data", str(small_data), "--epochs", "1", "--batch-size", "64"]) == 0
     first = json_lines(capsys.readouterr().out)
     assert main(["run", "--json", "--resume", "last", "--epochs", "2"]) == 0
     second = json_lines(capsys.readouterr().out)

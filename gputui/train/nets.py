@@ -12,13 +12,13 @@ from torch import nn
 class SeedNet(nn.Module):
     """The paper's network.
 
-    conv 5x5 + 2x2 max-pool, conv 3x3 + 2x2 max-pool leaving 4 channels of 5x5 =
+    conv 5x5 (8 channels) + 2x2 max-pool, conv 3x3 + 2x2 max-pool leaving 4 channels of 5x5 =
     100 values (on 28x28 input), a 25-unit fully connected ReLU layer and a
     softmax output (the softmax is folded into the cross-entropy loss; `predict`
     returns probabilities).
     """
 
-    def __init__(self, image_shape: tuple[int, int], num_classes: int, width: int = 16) -> None:
+    def __init__(self, image_shape: tuple[int, int], num_classes: int, width: int = 8) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, width, 5)
         self.conv2 = nn.Conv2d(width, 4, 3)
