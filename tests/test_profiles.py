@@ -40,7 +40,7 @@ def test_default_profile_is_the_seed_network_on_auto() -> None:
         ("[run]\ndevice = \"gpu\"\n", r"\[run\] device: expected 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
         ("[run]\nbetas = [0.9]\n", r"\[run\] betas: expected a list of two numbers"),
         ("[run]\nepochs = true\n", r"\[run\] epochs: expected a whole number"),
-        ("[cloud]\nregion = \"x\"\n", r"p.toml:1: cloud: unknown table or key"),
+        ("[clouds]\nregion = \"x\"\n", r"p.toml:1: clouds: unknown table or key"),
         ("run = 3\n", r"\[run\] must be a table"),
         ("[run\nmodel=1", r"p.toml: not valid TOML"),
     ],

@@ -1,0 +1,138 @@
+"""The `[cloud]` profile table: where and what to launch, and what it may cost.
+
+Torch-free and boto3-free, so profiles are validated whole by gputui.profiles.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gputui.errors import UserError
+from gputui.paths import profiles_dir
+from gputui.schema import Field, Section, Source
+
+REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
+TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+AMI_RE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/\S+)$")
+
+
+def _check_region(value: Any) -> str | None:
+    return None if REGION_RE.match(value) else "an AWS region such as 'us-east-1'"
+
+
+def _check_zones(value: Any) -> str | None:
+    bad = [z for z in value if not ZONE_RE.match(z)]
+    return f"availability zones such as 'us-east-1a' (not {bad[0]!r})" if bad else None
+
+
+def _check_type(value: Any) -> str | None:
+    return None if TYPE_RE.match(value) else "an instance type such as 'g4dn.xlarge'"
+
+
+def _check_ami(value: Any) -> str | None:
+    return None if AMI_RE.match(value) else "an AMI id ('ami-0123456789abcdef0') or 'ssm:/public/parameter/path'"
+
+
+def _check_cidr(value: Any) -> str | None:
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        return "a network in CIDR form such as '203.0.113.7/32' (host bits zero)"
+    return None
+
+
+CLOUD_SECTION = Section(
+    name="cloud",
+    doc="Spot slaves on AWS EC2: where, what, and what they may cost (gputui cloud ...).",
+    fields={
+        "region": Field("str", "AWS region to launch in.", "us-east-1", check=_check_region),
+        "zones": Field("str_list", "Allowed availability zones, tried cheapest first (default: all of the region).", (), check=_check_zones),
+        "instance_type": Field("str", "EC2 instance type of each slave, e.g. g4dn.xlarge.", "g4dn.xlarge", check=_check_type),
+        "count": Field("int", "Slaves `gputui cloud up` launches (--count overrides).", 1, minimum=1, maximum=256),
+        "ami": Field(
+            "str",
+            "Machine image: an AMI id, or ssm:<public parameter path> resolved through SSM at launch.",
+            "ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+            check=_check_ami,
+        ),
+        "ssh_user": Field("str", "User name to SSH in as (depends on the image).", "ubuntu"),
+        "public_key": Field("str", "Your SSH public key file, imported as the EC2 key pair (relative to the profile).", "~/.ssh/id_ed25519.pub"),
+        "ssh_cidr": Field(
+            "str", "Who may reach port 22 (default: this machine's public address as /32, found at launch).", None, check=_check_cidr
+        ),
+        "max_price": Field("float", "Highest spot price to pay, $/h per instance (default: the on-demand price).", None, minimum=0, exclusive_minimum=True),
+        "on_demand_fallback": Field("bool", "Launch on-demand instances when no allowed zone has spot capacity.", False),
+        "budget_usd": Field("float", "Spending cap of this cluster in dollars; slaves are stopped when it is reached.", None, minimum=0, exclusive_minimum=True),
+        "kwh_price": Field("float", "Electricity price in $/kWh, to cost the energy of local GPUs.", None, minimum=0),
+        "on_demand_price": Field("float", "On-demand $/h of instance_type here (default: gputui's dated list-price table).", None, minimum=0, exclusive_minimum=True),
+    },
+    required=("budget_usd",),
+)
+
+
+@dataclass(frozen=True)
+class CloudSettings:
+    """A validated `[cloud]` table with defaults filled in."""
+
+    budget_usd: float
+    region: str = "us-east-1"
+    zones: tuple[str, ...] = ()
+    instance_type: str = "g4dn.xlarge"
+    count: int = 1
+    ami: str = CLOUD_SECTION.fields["ami"].default
+    ssh_user: str = "ubuntu"
+    public_key: str = "~/.ssh/id_ed25519.pub"
+    ssh_cidr: str | None = None
+    max_price: float | None = None
+    on_demand_fallback: bool = False
+    kwh_price: float | None = None
+    on_demand_price: float | None = None
+    source: Path | None = None  # the profile file, for messages and relative paths
+
+    def public_key_path(self) -> Path:
+        path = Path(self.public_key).expanduser()
+        if not path.is_absolute() and self.source is not None:
+            path = self.source.parent / path
+        return path
+
+    def read_public_key(self) -> str:
+        """The public key text (one OpenSSH line); a private key or a missing file is a UserError."""
+        path = self.public_key_path()
+        where = f"[cloud] public_key in {self.source}" if self.source else "[cloud] public_key"
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            raise UserError(f"{path}: public key not found ({where}); make one with ssh-keygen -t ed25519") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path}: cannot read public key: {exc}") from None
+        if "PRIVATE KEY" in text:
+            raise UserError(f"{path}: this is a private key; {where} must name the .pub file")
+        if not re.match(r"^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?$", text):
+            raise UserError(f"{path}: not an OpenSSH public key (ssh-ed25519 or ssh-rsa ...); {where}")
+        return text.splitlines()[0]
+
+
+def default_cloud_profile() -> Path:
+    return profiles_dir() / "aws-spot.toml"
+
+
+def load_cloud_settings(path: Path | None) -> CloudSettings:
+    """The `[cloud]` table of a profile (default: profiles/aws-spot.toml)."""
+    from gputui.profiles import load_profile
+
+    path = path if path is not None else default_cloud_profile()
+    profile = load_profile(path)
+    table = profile.tables.get("cloud")
+    if table is None:
+        raise UserError(f"{path}: no [cloud] table; see profiles/aws-spot.toml for one with every key explained")
+    region = table.get("region", CLOUD_SECTION.fields["region"].default)
+    stray = [z for z in table.get("zones", ()) if not z.startswith(region)]
+    if stray:
+        raise Source(path, path.read_text(encoding="utf-8")).error(
+            "cloud", "zones", f"{stray[0]!r} is not a zone of region {region!r}")
+    return CloudSettings(source=path, **table)
