@@ -230,3 +230,12 @@ def test_reconnects_after_the_server_comes_back(sshd_factory: SshdFactory, tmp_p
     finally:
         source.close()
         server.stop()
+
+
+def test_close_while_connecting_keeps_no_connection(sshd_factory: SshdFactory, a100: Sshd, tmp_path: Path) -> None:
+    source = SshSource([spec(sshd_factory, a100.port)], options(tmp_path, a100))
+    (snap,) = source.poll()  # starts connecting; a round does not wait for a connecting host
+    assert snap.state == HostState.CONNECTING
+    source.close()
+    host = source.hosts[0]
+    assert host.done.wait(5) and not host.connected

@@ -101,6 +101,7 @@ class SshHost:
         self.target = resolve(spec, options.ssh_config)
         self._clock = clock
         self._client: Any = None
+        self._closed = False
         self._fields: tuple[str, ...] = tuple(GPU_FIELDS)
         self._backoff = Backoff()
         self._retry_at = 0.0
@@ -134,6 +135,11 @@ class SshHost:
     def busy(self) -> bool:
         return not self._done.is_set()
 
+    @property
+    def done(self) -> threading.Event:
+        """Set while no poll of this host runs."""
+        return self._done
+
     def due(self) -> bool:
         """Whether a poll may start now: not running, and not waiting out a backoff."""
         return not self.busy and (self.connected or self._clock() >= self._retry_at)
@@ -141,13 +147,14 @@ class SshHost:
     def start(self) -> threading.Event:
         """Start one poll in a daemon thread; the event is set when it is done."""
         self._done.clear()
+        self._closed = False
         thread = threading.Thread(target=self._job, name=f"gputui-ssh-{self.spec.name}", daemon=True)
         thread.start()
         return self._done
 
     def _job(self) -> None:
         try:
-            self.poll_now()
+            self._poll()
         finally:
             self._done.set()
 
@@ -187,6 +194,9 @@ class SshHost:
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(15)
+        if self._closed:  # closed while connecting: do not keep a connection nobody will close
+            client.close()
+            return False
         self._client = client
         return True
 
@@ -197,9 +207,14 @@ class SshHost:
         self.snapshot = self._snap(failure.state, f"{failure.line()} (retry in {delay:g} s)", start, duration)
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Close the connection (also one being opened right now); a later poll opens a new one."""
+        self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     # -- polling --------------------------------------------------------------------------
 
@@ -240,8 +255,12 @@ class SshHost:
 
     def poll_now(self) -> HostSnapshot:
         """Connect if needed and poll once, in this thread. Never raises."""
+        self._closed = False
+        return self._poll()
+
+    def _poll(self) -> HostSnapshot:
         if not self.connected:
-            self.close()
+            self._drop()
             if not self.connect():
                 return self.snapshot
         start, t0 = time.time(), time.perf_counter()
@@ -251,7 +270,7 @@ class SshHost:
             self.snapshot = self._snap(HostState.ERROR, f"no answer within {self.spec.command_timeout:g} s", start, time.perf_counter() - t0)
             return self.snapshot
         except Exception as exc:  # noqa: BLE001 - a lost connection: reconnect with backoff
-            self.close()
+            self._drop()
             failure = classify(exc, self.target, self.spec.connect_timeout)
             self._fail(replace(failure, reason=f"connection lost: {failure.reason}"), start, time.perf_counter() - t0)
             return self.snapshot
@@ -298,13 +317,14 @@ class SshSource:
         timeouts bound the rest. A host still busy reports its latest snapshot."""
         waits = []
         for host in self.hosts:
-            was_connected = host.connected
-            if host.due():
-                event = host.start()
-            elif host.busy:
-                event = host._done
-            else:
+            if host.busy:  # still at it since an earlier round: not waited for again
+                if settle:
+                    waits.append(host.done)
                 continue
+            if not host.due():  # backing off
+                continue
+            was_connected = host.connected
+            event = host.start()
             if settle or was_connected:
                 waits.append(event)
         deadline = None if wait is None else time.monotonic() + wait
