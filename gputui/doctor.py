@@ -69,7 +69,7 @@ def torch_checks() -> list[Check]:
         rows.append(Check("local", "nccl", WARN, "n/a without CUDA (DDP uses gloo)", ""))
         return rows
     rows.append(Check("local", "cuda", PASS, f"CUDA {cuda_build}, {torch.cuda.device_count()} GPU(s) visible to torch"))
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
     rows.append(
         Check("local", "cudnn", PASS, f"cuDNN {cudnn}")
         if cudnn
@@ -79,7 +79,7 @@ def torch_checks() -> list[Check]:
         import torch.distributed as dist
 
         nccl = dist.is_available() and dist.is_nccl_available()
-        version = ".".join(map(str, torch.cuda.nccl.version())) if nccl else None
+        version = ".".join(map(str, torch.cuda.nccl.version())) if nccl else None  # type: ignore[no-untyped-call]
     except Exception:  # noqa: BLE001
         nccl, version = False, None
     rows.append(

@@ -119,13 +119,19 @@ def make_pynvml(
     def nvmlDeviceGetHandleByIndex(i: int) -> FakeDevice:
         return devices[i]
 
-    @api
-    def nvmlDeviceGetName(d: FakeDevice) -> str:
-        return d.name
-
-    @api
-    def nvmlDeviceGetUUID(d: FakeDevice) -> str:
-        return d.uuid
+    # getters that return one attribute of the device (some take a sensor or kind argument)
+    for name, attr in {
+        "nvmlDeviceGetName": "name",
+        "nvmlDeviceGetUUID": "uuid",
+        "nvmlDeviceGetTemperature": "temperature",
+        "nvmlDeviceGetPowerUsage": "power_mw",
+        "nvmlDeviceGetEnforcedPowerLimit": "limit_mw",
+        "nvmlDeviceGetFanSpeed": "fan",
+        "nvmlDeviceGetPerformanceState": "pstate",
+    }.items():
+        getter = lambda d, *_, attr=attr: getattr(d, attr)  # noqa: E731
+        getter.__name__ = name
+        api(getter)
 
     @api
     def nvmlDeviceGetUtilizationRates(d: FakeDevice) -> Any:
@@ -136,32 +142,12 @@ def make_pynvml(
         return types.SimpleNamespace(used=d.memory[0], total=d.memory[1], free=d.memory[1] - d.memory[0])
 
     @api
-    def nvmlDeviceGetTemperature(d: FakeDevice, sensor: int) -> int:
-        return d.temperature
-
-    @api
-    def nvmlDeviceGetPowerUsage(d: FakeDevice) -> int:
-        return d.power_mw
-
-    @api
-    def nvmlDeviceGetEnforcedPowerLimit(d: FakeDevice) -> int:
-        return d.limit_mw
-
-    @api
-    def nvmlDeviceGetFanSpeed(d: FakeDevice) -> int:
-        return d.fan
-
-    @api
     def nvmlDeviceGetClockInfo(d: FakeDevice, kind: int) -> int:
         return d.clocks[0] if kind == CONSTANTS["NVML_CLOCK_SM"] else d.clocks[1]
 
     @api
     def nvmlDeviceGetPcieThroughput(d: FakeDevice, counter: int) -> int:
         return d.pcie[0] if counter == CONSTANTS["NVML_PCIE_UTIL_RX_BYTES"] else d.pcie[1]
-
-    @api
-    def nvmlDeviceGetPerformanceState(d: FakeDevice) -> int:
-        return d.pstate
 
     @api
     def nvmlDeviceGetTotalEccErrors(d: FakeDevice, kind: int, counter: int) -> int:

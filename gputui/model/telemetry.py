@@ -52,7 +52,8 @@ class GpuProcess:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GpuProcess":
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls)}
+        return cls(**values)
 
 
 # Numeric metrics of a GPU, in the order a table shows them; History tracks each.
@@ -112,7 +113,7 @@ class GpuSample:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GpuSample":
-        values = {f.name: data.get(f.name) for f in fields(cls) if f.name != "processes"}
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name != "processes"}
         values["processes"] = tuple(GpuProcess.from_dict(p) for p in data.get("processes") or ())
         return cls(**values)
 
@@ -142,7 +143,7 @@ class HostSnapshot:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HostSnapshot":
-        values = {f.name: data.get(f.name) for f in fields(cls) if f.name in data and f.name != "gpus"}
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name in data and f.name != "gpus"}
         values["state"] = HostState(data["state"])
         values["gpus"] = tuple(GpuSample.from_dict(g) for g in data.get("gpus") or ())
         return cls(**values)

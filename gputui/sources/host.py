@@ -86,6 +86,8 @@ class LocalHost:
         cpu = cpu_percent(self._last, now, MIN_CPU_WINDOW_S)
         if cpu is not None or self._last is None:
             self._last = now  # keep the older reading until the window is long enough
+        used: float | None
+        total: float | None
         try:
             vm = self._psutil.virtual_memory()
             used, total = (vm.total - vm.available) / 2**20, vm.total / 2**20

@@ -73,7 +73,7 @@ class HostKeyPolicy:
             raise HostKeyUnknown(hostname, key)
         from paramiko.hostkeys import HostKeyEntry
 
-        line = HostKeyEntry([hostname], key).to_line()
+        line = HostKeyEntry([hostname], key).to_line() or ""
         with _WRITE_LOCK:
             self.record_to.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.record_to, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

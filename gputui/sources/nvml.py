@@ -166,7 +166,10 @@ class NvmlSource:
         rx = self._call(i, "pcie_rx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
         tx = self._call(i, "pcie_tx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
         pstate = self._call(i, "pstate", lambda: nv.nvmlDeviceGetPerformanceState(h))
-        ecc = lambda kind: nv.nvmlDeviceGetTotalEccErrors(h, kind, nv.NVML_VOLATILE_ECC)  # noqa: E731
+
+        def ecc(kind: int) -> Any:
+            return nv.nvmlDeviceGetTotalEccErrors(h, kind, nv.NVML_VOLATILE_ECC)
+
         return GpuSample(
             index=i,
             name=_opt(self._call(i, "name", lambda: _text(nv.nvmlDeviceGetName(h)))),
@@ -202,14 +205,15 @@ class NvmlSource:
                     self._process_call[i] = name
                     return tuple(self._process(p) for p in found)
             return ()
-        name = self._process_call[i]
-        if name is None:
+        chosen = self._process_call[i]
+        if chosen is None:
             return ()
-        found = self._call(i, name, lambda: getattr(self._nv, name)(h))
+        found = self._call(i, chosen, lambda: getattr(self._nv, chosen)(h))
         return () if found is None else tuple(self._process(p) for p in found)
 
     def _process(self, info: Any) -> GpuProcess:
         memory = getattr(info, "usedGpuMemory", None)
+        command: str | None
         user, command = _describe_pid(int(info.pid))
         if command is None:
             command = _opt(self._call(-1, "process_name", lambda: _text(self._nv.nvmlSystemGetProcessName(info.pid))))

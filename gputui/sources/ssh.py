@@ -84,7 +84,7 @@ class Backoff:
         self.base, self.cap, self.failures = base, cap, 0
 
     def next_delay(self) -> float:
-        delay = min(self.cap, self.base * 2**self.failures)
+        delay = float(min(self.cap, self.base * 2.0**self.failures))
         self.failures += 1
         return delay
 
@@ -174,12 +174,13 @@ class SshHost:
             for path in self.options.all_known_hosts():
                 if path.is_file():
                     client.load_system_host_keys(str(path))
-            client.set_missing_host_key_policy(HostKeyPolicy(self.options.gputui_known_hosts_path(), tofu))
+            policy = HostKeyPolicy(self.options.gputui_known_hosts_path(), tofu)  # duck-typed: paramiko is imported lazily
+            client.set_missing_host_key_policy(policy)  # type: ignore[arg-type]
             client.connect(
                 self.target.hostname,
                 port=self.target.port,
                 username=self.target.user,
-                key_filename=list(self.target.key_files) or None,
+                key_filename=list(self.target.key_files) or None,  # type: ignore[arg-type]  # a list is documented
                 look_for_keys=not self.target.key_files,
                 allow_agent=True,
                 timeout=timeout,
@@ -239,7 +240,7 @@ class SshHost:
 
     @staticmethod
     def _read(channel: Any, deadline: float, recv: Callable[[int], bytes]) -> str:
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
