@@ -1,0 +1,190 @@
+"""A simulated cloud: seeded spot prices, a launch delay, scripted interruptions and
+capacity errors. For the demo mode, UI tests and cost tests; thread-safe.
+
+With a state file the simulation outlives the process, so `gputui cloud up --provider
+sim` then `gputui cloud ls --provider sim` see the same instances. The clock is
+injectable: tests drive time by hand.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from gputui.cloud.pricing import ON_DEMAND_USD
+from gputui.cloud.provider import CapacityError, LaunchRequest
+from gputui.errors import UserError
+from gputui.model.cloud import InstanceInfo
+
+SPOT_REASON = "Server.SpotInstanceTermination"
+USER_REASON = "Client.UserInitiatedShutdown"
+
+
+@dataclass(frozen=True)
+class SimScript:
+    """What the simulated cloud does. Interruptions are keyed by launch ordinal (0, 1, ...)."""
+
+    seed: int = 0
+    launch_delay_s: float = 2.0
+    shutdown_delay_s: float = 1.0
+    interrupt_after_s: float | None = None  # every spot instance is reclaimed this long after launch
+    interruptions: Mapping[int, float] = field(default_factory=dict)  # ordinal -> seconds after launch
+    capacity_errors: Mapping[str, str] = field(default_factory=dict)  # zone (or "*") -> spot error code
+    on_demand_errors: Mapping[str, str] = field(default_factory=dict)  # zone (or "*") -> error code
+
+
+def _parse_errors(text: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        zone, _, code = item.partition("=")
+        out[zone] = code or "InsufficientInstanceCapacity"
+    return out
+
+
+class SimProvider:
+    """CloudProvider in memory (or in a JSON state file shared by processes)."""
+
+    name = "sim"
+
+    def __init__(self, region: str = "us-east-1", script: SimScript | None = None,
+                 clock: Callable[[], float] = time.time, state_path: Path | None = None) -> None:
+        self.region = region
+        self.script = script or SimScript()
+        self.clock = clock
+        self.state_path = state_path
+        self._lock = threading.Lock()
+        self._memory: dict[str, Any] = {"next": 0, "instances": {}, "key_pairs": {}, "groups": {}}
+        self.calls: list[str] = []  # operations served, for tests and the demo's activity view
+
+    @classmethod
+    def from_env(cls, region: str, state_path: Path) -> "SimProvider":
+        """Configured by GPUTUI_SIM_SEED, _LAUNCH_DELAY, _INTERRUPT_AFTER, _CAPACITY_ERRORS (zone=Code,...)."""
+        env = os.environ
+        try:
+            script = SimScript(
+                seed=int(env.get("GPUTUI_SIM_SEED", "0")),
+                launch_delay_s=float(env.get("GPUTUI_SIM_LAUNCH_DELAY", "2")),
+                interrupt_after_s=float(env["GPUTUI_SIM_INTERRUPT_AFTER"]) if env.get("GPUTUI_SIM_INTERRUPT_AFTER") else None,
+                capacity_errors=_parse_errors(env.get("GPUTUI_SIM_CAPACITY_ERRORS", "")),
+            )
+        except ValueError as exc:
+            raise UserError(f"GPUTUI_SIM_*: {exc}") from None
+        return cls(region, script, state_path=state_path)
+
+    @contextmanager
+    def _state(self, op: str) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            self.calls.append(op)
+            if self.state_path is None:
+                yield self._memory
+                return
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.state_path, "a+", encoding="utf-8") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                fh.seek(0)
+                text = fh.read()
+                state = json.loads(text) if text.strip() else {"next": 0, "instances": {}, "key_pairs": {}, "groups": {}}
+                yield state
+                fh.seek(0)
+                fh.truncate()
+                fh.write(json.dumps(state))
+
+    def zones(self) -> list[str]:
+        return [f"{self.region}{letter}" for letter in "abc"]
+
+    def spot_price(self, instance_type: str, zone: str, when: float) -> float:
+        """The seeded spot price: a zone discount of 55-75% that wanders by up to 10% each hour."""
+        base = ON_DEMAND_USD.get(instance_type, 1.0)
+        discount = random.Random(f"{self.script.seed}:{instance_type}:{zone}").uniform(0.25, 0.45)
+        wiggle = random.Random(f"{self.script.seed}:{instance_type}:{zone}:{int(when // 3600)}").uniform(-0.1, 0.1)
+        return round(base * discount * (1 + wiggle), 4)
+
+    def spot_prices(self, instance_type: str, zones: Sequence[str]) -> dict[str, float]:
+        now = self.clock()
+        with self._state("spot_prices"):
+            return {z: self.spot_price(instance_type, z, now) for z in self.zones() if not zones or z in zones}
+
+    def resolve_image(self, ami: str) -> str:
+        with self._state("resolve_image"):
+            return ami if not ami.startswith("ssm:") else "ami-" + hashlib.sha256(ami.encode()).hexdigest()[:17]
+
+    def ensure_key_pair(self, name: str, public_key: str, tags: Mapping[str, str]) -> str:
+        with self._state("ensure_key_pair") as state:
+            state["key_pairs"].setdefault(name, public_key)
+        return name
+
+    def ensure_security_group(self, name: str, ssh_cidr: str, tags: Mapping[str, str]) -> str:
+        with self._state("ensure_security_group") as state:
+            group = state["groups"].setdefault(name, {"id": f"sg-sim{len(state['groups']):013x}"})
+            group["rules"] = [["tcp", 22, ssh_cidr], ["-1", None, group["id"]]]
+            return str(group["id"])
+
+    def security_group_rules(self, name: str) -> list[list[Any]]:
+        with self._state("security_group_rules") as state:
+            return list(state["groups"].get(name, {}).get("rules", []))
+
+    def launch(self, request: LaunchRequest) -> list[InstanceInfo]:
+        now = self.clock()
+        errors = self.script.capacity_errors if request.lifecycle == "spot" else self.script.on_demand_errors
+        code = errors.get(request.zone) or errors.get("*")
+        if code:
+            with self._lock:
+                self.calls.append("launch")
+            raise CapacityError(code, f"simulated: no {request.lifecycle} capacity for {request.instance_type} in {request.zone}")
+        with self._state("launch") as state:
+            new = []
+            for _ in range(request.count):
+                ordinal = state["next"]
+                state["next"] += 1
+                instance_id = f"i-{(self.script.seed * 7919 + ordinal + 1) % 16**17:017x}"
+                after = self.script.interruptions.get(ordinal, self.script.interrupt_after_s)
+                state["instances"][instance_id] = {
+                    "type": request.instance_type, "zone": request.zone, "lifecycle": request.lifecycle,
+                    "launched": now, "tags": dict(request.tags), "ip": f"203.0.113.{ordinal % 254 + 1}",
+                    "terminate_at": None,
+                    "interrupt_at": now + after if after is not None and request.lifecycle == "spot" else None,
+                }
+                new.append(instance_id)
+            return [self._info(i, state["instances"][i], now) for i in new]
+
+    def _info(self, instance_id: str, rec: Mapping[str, Any], now: float) -> InstanceInfo:
+        ends = [(t, r) for t, r in ((rec["interrupt_at"], SPOT_REASON), (rec["terminate_at"], USER_REASON))
+                if t is not None and now >= t]
+        ip = None
+        if ends:
+            when, reason = min(ends)
+            state = "shutting-down" if now < when + self.script.shutdown_delay_s else "terminated"
+        elif now < rec["launched"] + self.script.launch_delay_s:
+            state, reason = "pending", None
+        else:
+            state, reason, ip = "running", None, rec["ip"]
+        return InstanceInfo(instance_id, rec["type"], rec["zone"], state, rec["lifecycle"], rec["launched"],
+                            ip, reason, dict(rec["tags"]))
+
+    def describe(self, ids: Sequence[str]) -> list[InstanceInfo]:
+        now = self.clock()
+        with self._state("describe") as state:
+            return [self._info(i, state["instances"][i], now) for i in ids if i in state["instances"]]
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        now = self.clock()
+        with self._state("terminate") as state:
+            for i in ids:
+                rec = state["instances"].get(i)
+                if rec is not None and rec["terminate_at"] is None:
+                    rec["terminate_at"] = now
+
+    def list_tagged(self, tags: Mapping[str, str]) -> list[InstanceInfo]:
+        now = self.clock()
+        with self._state("list_tagged") as state:
+            return [self._info(i, rec, now) for i, rec in state["instances"].items()
+                    if all(rec["tags"].get(k) == v for k, v in tags.items())]
