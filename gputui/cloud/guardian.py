@@ -1,0 +1,71 @@
+"""The background budget guard that `gputui cloud up` leaves behind: one per cluster.
+
+It is `gputui cloud guard --detached` in its own session, logging to the user data
+directory; a file lock makes sure only one guards a cluster. It exits by itself once
+the cluster has no running slaves.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from gputui.cloud.lifecycle import CloudContext
+from gputui.paths import data_home
+
+_DETACHED: list["subprocess.Popen[bytes]"] = []
+
+
+def _stem(ctx: CloudContext) -> Path:
+    return data_home() / "guards" / f"{ctx.provider.name}-{ctx.provider.region}-{ctx.cluster}"
+
+
+def log_path(ctx: CloudContext) -> Path:
+    return _stem(ctx).with_suffix(".log")
+
+
+@contextmanager
+def exclusive(ctx: CloudContext) -> Iterator[bool]:
+    """Hold the cluster's guard lock for the block; yields False if another process holds it."""
+    path = _stem(ctx).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="ascii") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        fh.truncate(0)
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def running(ctx: CloudContext) -> bool:
+    with exclusive(ctx) as free:
+        return not free
+
+
+def spawn(ctx: CloudContext, interval_s: float) -> int | None:
+    """Start a detached guard for the cluster unless one runs; its pid, or None."""
+    if running(ctx):
+        return None
+    source = ctx.settings.source
+    command = [sys.executable, "-m", "gputui", "cloud", "guard", "--detached", "--provider", ctx.provider.name,
+               "--cluster", ctx.cluster, "--interval", repr(interval_s)]
+    if source is not None:
+        command += ["--profile", str(source.resolve())]
+    log = log_path(ctx)
+    with open(log, "a", encoding="utf-8") as out:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, close_fds=True)
+    _DETACHED.append(child)  # kept (not waited for) so a long-lived parent can still reap it
+    return child.pid

@@ -1,0 +1,215 @@
+"""The cost ledger: a SQLite database in the user data directory (WAL, versioned schema).
+
+It holds the instances gputui launched (and orphans it swept), their price lines, runs,
+local GPU energy lines and cloud events. Every write is one transaction, so a process
+killed mid-write leaves the previous state intact. Safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from gputui.cloud.redact import redact
+from gputui.errors import GputuiError, UserError
+from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord, PricePoint
+from gputui.paths import data_home
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE instances (
+    id TEXT PRIMARY KEY, provider TEXT NOT NULL, region TEXT NOT NULL, cluster TEXT NOT NULL, owner TEXT,
+    type TEXT NOT NULL, zone TEXT NOT NULL, lifecycle TEXT NOT NULL, hourly_price REAL NOT NULL,
+    launched REAL NOT NULL, terminated REAL, state TEXT NOT NULL, ended_by TEXT, address TEXT
+);
+CREATE TABLE cost_lines (
+    id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('instance', 'energy')),
+    subject TEXT NOT NULL, cluster TEXT NOT NULL, run_id TEXT,
+    start REAL NOT NULL, "end" REAL, rate REAL NOT NULL, quantity REAL
+);
+CREATE INDEX cost_lines_subject ON cost_lines (subject, start);
+CREATE TABLE runs (id TEXT PRIMARY KEY, cluster TEXT NOT NULL, started REAL NOT NULL, ended REAL, status TEXT);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, kind TEXT NOT NULL, instance_id TEXT, cluster TEXT, message TEXT NOT NULL
+);
+"""
+# Future schema changes: {version they upgrade from: SQL}; applied in order on open.
+MIGRATIONS: dict[int, str] = {}
+INSTANCE_COLUMNS = ("id, provider, region, cluster, owner, type, zone, lifecycle, hourly_price, launched, "
+                    "terminated, state, ended_by, address")
+
+
+def default_path() -> Path:
+    return data_home() / "ledger.sqlite3"
+
+
+class Ledger:
+    """The cost ledger at `path` (default: ledger.sqlite3 in the user data directory)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # durable across process kills in WAL mode
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise GputuiError(f"cost ledger {self.path} cannot be opened: {exc}") from None
+        except OSError as exc:
+            raise GputuiError(f"cost ledger {self.path}: {exc.strerror or exc}") from None
+
+    @classmethod
+    def existing(cls, path: Path | None = None) -> "Ledger | None":
+        """The ledger if its file exists, without creating one."""
+        path = Path(path) if path is not None else default_path()
+        return cls(path) if path.is_file() else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args))
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise UserError(f"cost ledger {self.path} has schema {version}, newer than this gputui ({SCHEMA_VERSION}); upgrade gputui")
+        with self._write() as db:
+            if version == 0:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            for step in range(max(version, 1), SCHEMA_VERSION):
+                db.execute(MIGRATIONS[step])
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def schema_version(self) -> int:
+        return int(self._read("PRAGMA user_version")[0][0])
+
+    # instances -----------------------------------------------------------------------
+    def record_launch(self, info: InstanceInfo, provider: str, region: str, cluster: str, owner: str | None,
+                      rate: float, ended_by: str | None = None, terminated: float | None = None) -> None:
+        """Remember a launched (or adopted) instance and open its first price line."""
+        with self._write() as db:
+            db.execute(f"INSERT OR IGNORE INTO instances ({INSTANCE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (info.instance_id, provider, region, cluster, owner, info.instance_type, info.zone,
+                        info.lifecycle, rate, info.launched, terminated, info.state, ended_by, info.public_ip))
+            db.execute("INSERT INTO cost_lines (kind, subject, cluster, start, \"end\", rate) VALUES ('instance',?,?,?,?,?)",
+                       (info.instance_id, cluster, info.launched, terminated, rate))
+
+    def update_instance(self, instance_id: str, state: str, address: str | None) -> None:
+        with self._write() as db:
+            db.execute("UPDATE instances SET state = ?, address = COALESCE(?, address) WHERE id = ?",
+                       (state, address, instance_id))
+
+    def record_end(self, instance_id: str, when: float, state: str, ended_by: str) -> bool:
+        """Close an instance's record and price line; False if it was already closed."""
+        with self._write() as db:
+            changed = db.execute("UPDATE instances SET terminated = ?, state = ?, ended_by = ? "
+                                 "WHERE id = ? AND terminated IS NULL", (when, state, ended_by, instance_id)).rowcount
+            db.execute("UPDATE cost_lines SET \"end\" = ? WHERE kind = 'instance' AND subject = ? AND \"end\" IS NULL",
+                       (when, instance_id))
+        return bool(changed)
+
+    def set_price(self, instance_id: str, when: float, rate: float) -> bool:
+        """A new price from `when` on; False (and nothing written) if the rate is unchanged."""
+        with self._write() as db:
+            row = db.execute("SELECT hourly_price, cluster FROM instances WHERE id = ? AND terminated IS NULL",
+                             (instance_id,)).fetchone()
+            if row is None or abs(row[0] - rate) < 1e-12:
+                return False
+            db.execute("UPDATE cost_lines SET \"end\" = ? WHERE kind = 'instance' AND subject = ? AND \"end\" IS NULL",
+                       (when, instance_id))
+            db.execute("INSERT INTO cost_lines (kind, subject, cluster, start, rate) VALUES ('instance',?,?,?,?)",
+                       (instance_id, row[1], when, rate))
+            db.execute("UPDATE instances SET hourly_price = ? WHERE id = ?", (rate, instance_id))
+        return True
+
+    def instances(self, provider: str | None = None, region: str | None = None, cluster: str | None = None,
+                  running: bool | None = None, since: float | None = None) -> list[InstanceRecord]:
+        """Instances matching every given filter (`since`: still up then, or launched after)."""
+        where, args = ["1=1"], []
+        for column, value in (("provider", provider), ("region", region), ("cluster", cluster)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if running is not None:
+            where.append("terminated IS NULL" if running else "terminated IS NOT NULL")
+        if since is not None:
+            where.append("(terminated IS NULL OR terminated >= ?)")
+            args.append(since)
+        rows = self._read(f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE {' AND '.join(where)} ORDER BY launched, id", args)
+        lines: dict[str, list[PricePoint]] = {}
+        for subject, start, rate in self._read("SELECT subject, start, rate FROM cost_lines WHERE kind = 'instance' ORDER BY start, id"):
+            lines.setdefault(subject, []).append(PricePoint(start, rate))
+        return [InstanceRecord(*row, prices=tuple(lines.get(row[0], ()))) for row in rows]
+
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        found = [r for r in self.instances() if r.instance_id == instance_id]
+        return found[0] if found else None
+
+    # runs and energy ---------------------------------------------------------------
+    def start_run(self, run_id: str, cluster: str, started: float) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO runs (id, cluster, started, status) VALUES (?,?,?, 'running')",
+                       (run_id, cluster, started))
+
+    def end_run(self, run_id: str, ended: float, status: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE runs SET ended = ?, status = ? WHERE id = ?", (ended, status, run_id))
+
+    def runs(self, since: float | None = None) -> list[tuple[str, str, float, float | None, str]]:
+        """(run id, cluster, started, ended, status) of runs still going at `since` or later."""
+        cutoff = since if since is not None else float("-inf")
+        return [tuple(r) for r in self._read("SELECT id, cluster, started, ended, status FROM runs "  # type: ignore[misc]
+                                             "WHERE ended IS NULL OR ended >= ? ORDER BY started", (cutoff,))]
+
+    def add_energy(self, subject: str, cluster: str, run_id: str | None, start: float, end: float,
+                   kwh: float, usd_per_kwh: float) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO cost_lines (kind, subject, cluster, run_id, start, \"end\", rate, quantity) "
+                       "VALUES ('energy',?,?,?,?,?,?,?)", (subject, cluster, run_id, start, end, usd_per_kwh, kwh))
+
+    def energy(self, since: float | None = None) -> list[tuple[str, str, str | None, float, float, float, float]]:
+        """(subject, cluster, run id, start, end, kWh, $/kWh) of energy lines ending at `since` or later."""
+        cutoff = since if since is not None else float("-inf")
+        return [tuple(r) for r in self._read(  # type: ignore[misc]
+            "SELECT subject, cluster, run_id, start, \"end\", quantity, rate FROM cost_lines "
+            "WHERE kind = 'energy' AND \"end\" >= ? ORDER BY start", (cutoff,))]
+
+    # events ------------------------------------------------------------------------
+    def add_events(self, events: Sequence[CloudEvent]) -> None:
+        if not events:
+            return
+        with self._write() as db:
+            db.executemany("INSERT INTO events (time, kind, instance_id, cluster, message) VALUES (?,?,?,?,?)",
+                           [(e.time, e.kind, e.instance_id, e.cluster, redact(e.message)) for e in events])
+
+    def events(self, since: float | None = None, kinds: Sequence[str] = ()) -> list[CloudEvent]:
+        rows = self._read("SELECT time, kind, message, instance_id, cluster FROM events WHERE time >= ? ORDER BY time, id",
+                          (since if since is not None else float("-inf"),))
+        return [CloudEvent(*row) for row in rows if not kinds or row[1] in kinds]

@@ -1,0 +1,207 @@
+"""Bringing slaves up and down: key pair, security group, spot launch with zone and
+on-demand fallback, waiting with backoff, and the ledger kept in step at every stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from gputui.cloud.address import Resolver, lookup_public_ip, ssh_cidr
+from gputui.cloud.ledger import Ledger
+from gputui.cloud.pricing import PriceSource, launch_rate, on_demand_price, quotes
+from gputui.cloud.provider import TAG_MANAGED, CapacityError, CloudProvider, LaunchRequest, instance_tags
+from gputui.cloud.settings import CloudSettings
+from gputui.cloud.waiting import wait_until
+from gputui.errors import GputuiError, UserError
+from gputui.model.cloud import ENDED_STATES, CloudEvent, InstanceInfo, LaunchAttempt, PriceQuote
+
+
+@dataclass
+class CloudContext:
+    """What every cloud operation works with. `prices` defaults to the provider itself."""
+
+    settings: CloudSettings
+    provider: CloudProvider
+    ledger: Ledger
+    cluster: str
+    owner: str
+    prices: PriceSource | None = None
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    wait_timeout_s: float = 600.0
+    listener: Callable[[CloudEvent], None] | None = None  # sees every event as it is recorded (the UI, the CLI)
+
+    @property
+    def price_source(self) -> PriceSource:
+        return self.prices if self.prices is not None else self.provider
+
+    def wait(self, ids: Sequence[str], done: Callable[[InstanceInfo], bool], what: str) -> list[InstanceInfo]:
+        """Poll `ids` with backoff until `done` holds for each one the cloud still knows."""
+        return wait_until(lambda: self.provider.describe(ids), lambda infos: all(done(i) for i in infos),
+                          what, self.wait_timeout_s, sleep=self.sleep)
+
+    def record(self, events: Sequence[CloudEvent]) -> list[CloudEvent]:
+        """Store events in the ledger and hand them to the listener."""
+        self.ledger.add_events(events)
+        if self.listener is not None:
+            for event in events:
+                self.listener(event)
+        return list(events)
+
+    def event(self, kind: str, message: str, instance_id: str | None = None) -> CloudEvent:
+        return CloudEvent(self.clock(), kind, message, instance_id, self.cluster)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `up` will try, in order, and what it should cost."""
+
+    count: int
+    ssh_cidr: str  # who may reach port 22
+    quotes: tuple[PriceQuote, ...]  # cheapest spot first
+    attempts: tuple[tuple[str, str], ...]  # (zone, "spot" | "on-demand")
+
+    def rate(self, zone: str, lifecycle: str, max_price: float | None) -> float | None:
+        quote = next((q for q in self.quotes if q.zone == zone), None)
+        return launch_rate(quote, lifecycle, max_price)
+
+    @property
+    def first_rate(self) -> float | None:
+        return self.rate(*self.attempts[0], None) if self.attempts else None
+
+
+@dataclass
+class UpResult:
+    instances: list[InstanceInfo] = field(default_factory=list)
+    attempts: list[LaunchAttempt] = field(default_factory=list)
+    rates: dict[str, float] = field(default_factory=dict)  # instance id -> $/h
+
+
+def key_pair_name(public_key: str) -> str:
+    """A name derived from the key itself: the same key always maps to the same key pair."""
+    body = public_key.split()[1] if len(public_key.split()) > 1 else public_key
+    return "gputui-" + hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def plan_launch(ctx: CloudContext, count: int, resolver: Resolver = lookup_public_ip) -> LaunchPlan:
+    """Price the allowed zones and order the attempts: spot cheapest first, then on-demand.
+
+    The SSH source is settled first (the profile's ssh_cidr, or our public address).
+    """
+    s = ctx.settings
+    cidr = ssh_cidr(s.ssh_cidr, str(s.source), resolver)
+    zones = list(s.zones) or ctx.provider.zones()
+    if not zones:
+        raise UserError(f"region {s.region} has no available zones")
+    on_demand = on_demand_price(s.instance_type, s.on_demand_price)
+    priced = tuple(quotes(ctx.price_source, s.instance_type, zones, on_demand))
+    attempts = [(q.zone, "spot") for q in priced]
+    if s.on_demand_fallback:
+        attempts += [(zone, "on-demand") for zone in zones]
+    plan = LaunchPlan(count, cidr, priced, tuple(attempts))
+    if any(plan.rate(z, lc, s.max_price) is None for z, lc in attempts):
+        raise UserError(f"no price known for {s.instance_type} (not in gputui's list-price table); "
+                        f"set on_demand_price in [cloud] of {s.source}")
+    return plan
+
+
+def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt], None] = lambda a: None) -> UpResult:
+    """Key pair, security group, then spot (or on-demand) launches until `plan.count` are started.
+
+    Each started instance is in the ledger before anything else happens, so nothing
+    launched can be forgotten. Each attempt is reported, failed or not.
+    """
+    s, p = ctx.settings, ctx.provider
+    tags = instance_tags(ctx.cluster, ctx.owner)
+    public_key = s.read_public_key()
+    key_name = p.ensure_key_pair(key_pair_name(public_key), public_key, {TAG_MANAGED: "true"})
+    group = p.ensure_security_group(f"gputui-{ctx.cluster}", plan.ssh_cidr, tags)
+    image = p.resolve_image(s.ami)
+    result, remaining, spot_quota_hit = UpResult(), plan.count, False
+    for zone, lifecycle in plan.attempts:
+        if remaining == 0:
+            break
+        if lifecycle == "spot" and spot_quota_hit:
+            continue
+        request = LaunchRequest(s.instance_type, remaining, zone, lifecycle, image, key_name, group,
+                                s.max_price if lifecycle == "spot" else None, tags)
+        try:
+            started = p.launch(request)
+        except CapacityError as exc:
+            spot_quota_hit = spot_quota_hit or (exc.account_wide and lifecycle == "spot")
+            attempt = LaunchAttempt(zone, lifecycle, remaining, 0, exc.code, exc.message)
+        else:
+            rate = plan.rate(zone, lifecycle, s.max_price) or 0.0
+            for info in started:
+                ctx.ledger.record_launch(info, p.name, p.region, ctx.cluster, ctx.owner, rate)
+                result.rates[info.instance_id] = rate
+            ctx.record([ctx.event("launched", f"{i.instance_id} {i.instance_type} {lifecycle} in {zone} at ${rate:.4f}/h",
+                                  i.instance_id) for i in started])
+            result.instances += started
+            remaining -= len(started)
+            attempt = LaunchAttempt(zone, lifecycle, request.count, len(started))
+        result.attempts.append(attempt)
+        report(attempt)
+    return result
+
+
+def wait_running(ctx: CloudContext, result: UpResult) -> UpResult:
+    """Wait (with backoff) until every launched instance runs with a public address, or ended."""
+    ids = [i.instance_id for i in result.instances]
+    if not ids:
+        return result
+    infos = ctx.wait(ids, lambda i: (i.state == "running" and bool(i.public_ip)) or i.state in ENDED_STATES,
+                     f"{len(ids)} instance(s) to run")
+    now, events = ctx.clock(), []
+    for info in infos:
+        if info.state in ENDED_STATES:
+            ended_by = "interrupted" if info.interrupted else "external"
+            ctx.ledger.record_end(info.instance_id, now, info.state, ended_by)
+            events.append(ctx.event("interrupted" if info.interrupted else "terminated",
+                                    f"{info.instance_id} ended while starting ({info.state_reason or info.state})", info.instance_id))
+        else:
+            ctx.ledger.update_instance(info.instance_id, info.state, info.public_ip)
+            events.append(ctx.event("running", f"{info.instance_id} running at {info.public_ip}", info.instance_id))
+    ctx.record(events)
+    result.instances = infos
+    return result
+
+
+def terminate(ctx: CloudContext, instances: Sequence[InstanceInfo], ended_by: str) -> list[InstanceInfo]:
+    """Terminate, wait until each is shutting down or gone, and close their ledger records.
+
+    Instances the ledger does not know (orphans) are adopted first, so their cost counts.
+    """
+    if not instances:
+        return []
+    known = {r.instance_id for r in ctx.ledger.instances(ctx.provider.name, ctx.provider.region)}
+    for info in instances:
+        if info.instance_id not in known:
+            rate = ctx.price_source.spot_prices(info.instance_type, [info.zone]).get(info.zone) if info.lifecycle == "spot" else None
+            rate = rate if rate is not None else on_demand_price(info.instance_type, None) or 0.0
+            ctx.ledger.record_launch(info, ctx.provider.name, ctx.provider.region, info.cluster or ctx.cluster,
+                                     info.owner, rate)
+    ids = [i.instance_id for i in instances]
+    asked = ctx.clock()
+    ctx.provider.terminate(ids)
+    try:
+        final = ctx.wait(ids, lambda i: i.state in ENDED_STATES, f"{len(ids)} instance(s) to terminate")
+    except GputuiError:
+        _close(ctx, ids, ctx.provider.describe(ids), asked, ended_by)  # record what has ended so far
+        raise
+    _close(ctx, ids, final, asked, ended_by)
+    return final
+
+
+def _close(ctx: CloudContext, ids: Sequence[str], infos: Sequence[InstanceInfo], when: float, ended_by: str) -> None:
+    """Close the records of instances that have ended (or that the cloud no longer shows)."""
+    states = {i.instance_id: i.state for i in infos}
+    events = []
+    for instance_id in ids:
+        state = states.get(instance_id, "terminated")
+        if state in ENDED_STATES and ctx.ledger.record_end(instance_id, when, state, ended_by):
+            events.append(ctx.event("terminated", f"{instance_id} terminated ({ended_by})", instance_id))
+    ctx.record(events)
