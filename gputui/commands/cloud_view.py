@@ -1,0 +1,135 @@
+"""How the cloud and cost commands show things: rich tables, JSON shapes, questions."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+from gputui.errors import UserError
+from gputui.model.cloud import CloudEvent, FleetEntry, InstanceInfo, LaunchAttempt, PriceQuote, SpendLine
+
+
+def money(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"${value:,.{digits}f}"
+
+
+def span(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column.startswith(("$", "cost", "saving", "up")) else "left",
+                         no_wrap=True)
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
+    Console(width=None if sys.stdout.isatty() else 250).print(table)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, allow_nan=False) + "\n")
+
+
+def json_line(value: Any) -> str:
+    return json.dumps(value, separators=(", ", ": "), allow_nan=False)
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def confirm(question: str, yes: bool, refusal: str) -> bool:
+    """True with --yes; on a terminal, the user's answer; otherwise a UserError (exit 2)."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UserError(f"{refusal}: no terminal to ask on, pass --yes to go ahead")
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+def attempt_line(a: LaunchAttempt) -> str:
+    if a.ok:
+        return f"launch {a.lifecycle} in {a.zone}: {a.launched} of {a.requested} started"
+    return f"launch {a.lifecycle} in {a.zone}: refused ({a.error_code}: {a.message})"
+
+
+def event_line(e: CloudEvent) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(e.time))
+    return f"{stamp} {e.kind}: {e.message}"
+
+
+def event_json(e: CloudEvent) -> dict[str, Any]:
+    return {"time": e.time, "kind": e.kind, "message": e.message, "instance_id": e.instance_id, "cluster": e.cluster}
+
+
+def instances_table(title: str, infos: Sequence[InstanceInfo], rates: dict[str, float]) -> None:
+    print_table(title, ["id", "type", "zone", "market", "address", "$/h"],
+                ([i.instance_id, i.instance_type, i.zone, i.lifecycle, i.public_ip or "-", money(rates.get(i.instance_id))]
+                 for i in infos))
+
+
+def fleet_json(entries: Sequence[FleetEntry], now: float) -> list[dict[str, Any]]:
+    return [{
+        "id": e.instance.instance_id, "cluster": e.instance.cluster, "owner": e.instance.owner,
+        "type": e.instance.instance_type, "zone": e.instance.zone, "lifecycle": e.instance.lifecycle,
+        "state": e.instance.state, "address": e.instance.public_ip, "launched": e.instance.launched,
+        "up_s": round(max(0.0, now - e.instance.launched), 1), "usd_per_hour": e.usd_per_hour,
+        "cost_usd": e.cost_usd, "known": e.known, "orphan": e.orphan,
+    } for e in entries]
+
+
+def fleet_table(entries: Sequence[FleetEntry], now: float, region: str) -> None:
+    rows = [[e.instance.instance_id, e.instance.cluster or "-", e.instance.instance_type, e.instance.zone,
+             e.instance.lifecycle, e.instance.state, e.instance.public_ip or "-", span(now - e.instance.launched),
+             money(e.usd_per_hour), money(e.cost_usd), "ORPHAN (not in records)" if e.orphan else "yes"]
+            for e in entries]
+    orphans = sum(e.orphan for e in entries)
+    caption = (f"{orphans} orphan(s): `gputui cloud sweep` terminates them" if orphans else None)
+    print_table(f"gputui instances in {region} (costs are estimates)",
+                ["id", "cluster", "type", "zone", "market", "state", "address", "up", "$/h", "cost", "known"], rows, caption)
+
+
+def quotes_json(quotes: Sequence[PriceQuote]) -> list[dict[str, Any]]:
+    return [{"instance_type": q.instance_type, "zone": q.zone, "spot_usd_per_hour": q.spot,
+             "on_demand_usd_per_hour": q.on_demand, "saving": None if q.saving is None else round(q.saving, 4)}
+            for q in quotes]
+
+
+def quotes_table(quotes: Sequence[PriceQuote], title: str, on_demand_label: str) -> None:
+    rows = [[q.zone, money(q.spot), money(q.on_demand), "n/a" if q.saving is None else f"{q.saving:.0%}"] for q in quotes]
+    print_table(title, ["zone", "$/h spot", f"$/h {on_demand_label}", "saving"], rows)
+
+
+def spend_json(line: SpendLine, now: float) -> dict[str, Any]:
+    rate = line.usd_per_hour(now)
+    return {"name": line.name, "cluster": line.cluster, "start": line.start, "end": line.end,
+            "duration_s": round(line.duration(now), 1), "usd_per_hour": None if rate is None else round(rate, 6),
+            "total_usd": round(line.usd, 6), "running": line.running, "energy_kwh": round(line.energy_kwh, 6),
+            "estimate": line.estimate}
+
+
+def spend_table(title: str, lines: Sequence[SpendLine], now: float, first: str) -> None:
+    rows = [[line.name, *([line.cluster] if first == "run" else []), span(line.duration(now)),
+             money(line.usd_per_hour(now)), money(line.usd) + " est.",
+             *([str(line.running)] if first == "cluster" else []), f"{line.energy_kwh:.3f}"]
+            for line in lines]
+    columns = [first, *(["cluster"] if first == "run" else []), "up", "$/h (mean)", "cost",
+               *(["running"] if first == "cluster" else []), "kWh (local)"]
+    print_table(title, columns, rows)

@@ -1,0 +1,48 @@
+"""`gputui cost`: estimated spend per cluster and per run, from the cost ledger."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    cost = subparsers.add_parser("cost", help="estimated spend per cluster and per run",
+                                 description="Estimated spend per cluster and per run (cloud instances and local GPU energy).")
+    cost.add_argument("--since", type=float, metavar="DAYS", help="only the last DAYS days (fractions allowed)")
+    cost.add_argument("--json", action="store_true", help="print JSON on stdout instead of tables")
+    cost.set_defaults(handler=cmd_cost)
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    import time
+
+    from gputui.cloud.costs import report
+    from gputui.cloud.ledger import Ledger
+    from gputui.commands import cloud_view as view
+    from gputui.errors import UserError
+
+    if args.since is not None and not args.since > 0:
+        raise UserError(f"--since {args.since:g}: expected a number of days > 0")
+    now = time.time()
+    since = now - args.since * 86400 if args.since is not None else None
+    ledger = Ledger.existing()
+    clusters, runs = ([], []) if ledger is None else report(ledger, now, since)
+    if ledger is not None:
+        ledger.close()
+    total = sum(line.usd for line in clusters)
+    if args.json:
+        view.print_json({"estimate": True, "since": since, "now": now, "total_usd": round(total, 6),
+                         "clusters": [view.spend_json(c, now) for c in clusters],
+                         "runs": [view.spend_json(r, now) for r in runs]})
+        return 0
+    if not clusters and not runs:
+        view.say("no costs recorded yet" + (f" in the last {args.since:g} days" if since else ""))
+        return 0
+    window = f"last {args.since:g} days" if since else "all time"
+    view.spend_table(f"Spend per cluster, {window} (estimates)", clusters, now, "cluster")
+    if runs:
+        view.spend_table(f"Spend per run, {window} (estimates)", runs, now, "run")
+    view.say(f"total {view.money(total)} (estimate: per-second billing with the 60 s minimum at the recorded prices; "
+             "AWS's bill is the reference)")
+    return 0
