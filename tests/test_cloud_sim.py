@@ -1,0 +1,214 @@
+"""The simulated cloud, interruption and price-change detection on the master, leak
+protection, and `gputui cloud ... --provider sim` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gputui.cli import main
+from gputui.cloud.fleet import poll
+from gputui.cloud.leaks import exit_check, note_running
+from gputui.cloud.ledger import Ledger
+from gputui.cloud.lifecycle import launch, plan_launch, wait_running
+from gputui.cloud.pricing import PriceBook
+from gputui.cloud.provider import CapacityError, LaunchRequest, instance_tags
+from gputui.cloud.sim import SimProvider, SimScript
+
+from .moto_fixture import cli, public_key_line
+from .test_cloud_budget import T0, make_context
+
+
+def request(zone: str = "us-east-1a", count: int = 1, lifecycle: str = "spot") -> LaunchRequest:
+    return LaunchRequest("g4dn.xlarge", count, zone, lifecycle, "ami-0123456789abcdef0", "k", "sg",
+                         tags=instance_tags("c", "me"))
+
+
+def test_sim_prices_are_seeded_and_move_hourly() -> None:
+    now = [T0]
+    a, b = SimProvider(script=SimScript(seed=1), clock=lambda: now[0]), SimProvider(script=SimScript(seed=1))
+    other = SimProvider(script=SimScript(seed=2), clock=lambda: now[0])
+    zones = ["us-east-1a", "us-east-1b"]
+    first = a.spot_prices("g4dn.xlarge", zones)
+    assert first == {z: a.spot_price("g4dn.xlarge", z, T0) for z in zones}
+    assert first == {z: b.spot_price("g4dn.xlarge", z, T0) for z in zones}
+    assert first != other.spot_prices("g4dn.xlarge", zones)
+    assert all(0.25 * 0.526 * 0.9 <= p <= 0.45 * 0.526 * 1.1 for p in first.values())
+    now[0] += 3600
+    assert a.spot_prices("g4dn.xlarge", zones) != first
+
+
+def test_sim_launch_delay_interruptions_and_capacity_errors() -> None:
+    now = [T0]
+    sim = SimProvider(script=SimScript(launch_delay_s=10, shutdown_delay_s=5, interruptions={1: 100},
+                                       capacity_errors={"us-east-1b": "InsufficientInstanceCapacity"}),
+                      clock=lambda: now[0])
+    with pytest.raises(CapacityError) as info:
+        sim.launch(request("us-east-1b"))
+    assert info.value.code == "InsufficientInstanceCapacity" and not info.value.account_wide
+    ids = [i.instance_id for i in sim.launch(request(count=2))]
+    assert [i.state for i in sim.describe(ids)] == ["pending", "pending"]
+    now[0] += 10
+    assert [(i.state, bool(i.public_ip)) for i in sim.describe(ids)] == [("running", True)] * 2
+    now[0] += 90
+    second = sim.describe(ids)[1]
+    assert second.state == "shutting-down" and second.interrupted
+    now[0] += 5
+    assert sim.describe(ids)[1].state == "terminated"
+    sim.terminate([ids[0]])
+    first = sim.describe(ids)[0]
+    assert first.state == "shutting-down" and not first.interrupted
+    assert {i.instance_id for i in sim.list_tagged({"gputui:cluster": "c"})} == set(ids)
+    assert sim.list_tagged({"gputui:cluster": "other"}) == []
+
+
+def test_sim_is_safe_to_share_between_threads(tmp_path: Path) -> None:
+    sim = SimProvider(state_path=tmp_path / "sim.json")
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(10):
+                ids = [i.instance_id for i in sim.launch(request())]
+                sim.describe(ids)
+                sim.spot_prices("g4dn.xlarge", [])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({i.instance_id for i in sim.list_tagged({})}) == 60
+    assert len(SimProvider(state_path=tmp_path / "sim.json").list_tagged({})) == 60  # persisted whole
+
+
+def test_the_master_notices_interruptions_and_price_changes_on_every_poll(tmp_path: Path) -> None:
+    ctx, clock = make_context(tmp_path, budget=100.0, script=SimScript(seed=5, launch_delay_s=0, interruptions={0: 500}))
+    seen = []
+    ctx.listener = seen.append
+    wait_running(ctx, launch(ctx, plan_launch(ctx, 2)))
+    book = PriceBook(ctx.provider, clock=clock)
+    clock.now += 400
+    assert poll(ctx, book)[1] == [] or all(e.kind == "price" for e in poll(ctx, book)[1])
+    clock.now += 101
+    _shown, events = poll(ctx, book)
+    assert [e.kind for e in events] == ["interrupted"]
+    interrupted = ctx.ledger.get(events[0].instance_id)
+    assert interrupted is not None and interrupted.ended_by == "interrupted" and interrupted.terminated == clock.now
+    assert poll(ctx, book)[1] == []  # recorded once
+    # An hour later the surviving instance's spot price is re-read; a change opens a new price line.
+    clock.now += 3600
+    _shown, events = poll(ctx, book)
+    (survivor,) = ctx.ledger.instances(running=True)
+    assert [e.kind for e in events] == ["price"] and len(survivor.prices) == 2
+    assert survivor.hourly_price == ctx.provider.spot_price("g4dn.xlarge", survivor.zone, clock.now)
+    assert [e.kind for e in seen].count("interrupted") == 1  # the UI's listener saw it too
+    assert [e.kind for e in ctx.ledger.events()] == [e.kind for e in seen]
+
+
+def test_exit_check_asks_on_a_terminal_and_refuses_silence_headless(tmp_path: Path) -> None:
+    ctx, _clock = make_context(tmp_path, budget=100.0)
+    wait_running(ctx, launch(ctx, plan_launch(ctx, 2)))
+    said: list[str] = []
+    assert exit_check(ctx, False, lambda q: pytest.fail("headless must not ask"), said.append) == 1
+    assert "still running: 2 cloud instance(s)" in said[-1] and "gputui cloud down --all --yes" in said[-1]
+    assert exit_check(ctx, True, lambda q: False, said.append) == 0
+    assert said[-1].startswith("left running by your choice")
+    assert len(ctx.ledger.instances(running=True)) == 2
+    questions: list[str] = []
+    assert exit_check(ctx, True, lambda q: questions.append(q) or True, said.append) == 0
+    assert "Terminate them now?" in questions[0]
+    assert ctx.ledger.instances(running=True) == []
+    assert exit_check(ctx, False, lambda q: True, said.append) == 0
+
+
+def test_on_start_gputui_reports_what_the_records_say_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert note_running() == 0  # no ledger: nothing, and none created
+    with Ledger() as ledger:
+        from gputui.model.cloud import InstanceInfo
+
+        ledger.record_launch(InstanceInfo("i-0abc", "g4dn.xlarge", "us-east-1a", "running", "spot", T0),
+                             "ec2", "us-east-1", "c1", "me", 0.2)
+    assert main(["run", "--epochs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "note: 1 cloud instance(s) running, $0.20/h: i-0abc (c1, ec2 us-east-1)" in err
+    assert "gputui cloud down --all" in err
+
+
+@pytest.fixture
+def sim_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUTUI_CLOUD", "sim")
+    monkeypatch.setenv("GPUTUI_SIM_LAUNCH_DELAY", "0.3")
+    monkeypatch.setenv("GPUTUI_PUBLIC_IP_URL", "http://127.0.0.1:9/")
+    (tmp_path / "id.pub").write_text(public_key_line() + "\n")
+    profile = tmp_path / "demo.toml"
+    profile.write_text('[cloud]\nzones = ["us-east-1a", "us-east-1b"]\npublic_key = "id.pub"\n'
+                       'ssh_cidr = "198.51.100.7/32"\nbudget_usd = 0.012\n')
+    return profile
+
+
+def test_cli_with_the_simulated_cloud(sim_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = ["--profile", str(sim_profile)]
+    assert main(["cloud", "up", "--count", "2", "--yes", "--no-guard", *p]) == 0
+    out = capsys.readouterr()
+    assert "launch spot in us-east-1" in out.err and out.out.count("203.0.113.") == 2
+    assert main(["cloud", "ls", "--json", *p]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert listing["provider"] == "sim" and [i["state"] for i in listing["instances"]] == ["running", "running"]
+    # A second launch would pass the budget: refused before anything starts.
+    assert main(["cloud", "up", "--count", "2", "--yes", "--no-guard", *p]) == 2
+    assert "budget reached for cluster demo" in capsys.readouterr().err
+    # The guard: spent plus the next interval's cost pass $0.012, so it stops both at once.
+    assert main(["cloud", "guard", "--interval", "120", "--grace", "0", "--json", *p]) == 0
+    out = capsys.readouterr()
+    events = [json.loads(line) for line in out.out.splitlines()]
+    assert [e["kind"] for e in events].count("budget_stop") == 1 and [e["kind"] for e in events].count("terminated") == 2
+    assert "the guard stops" in out.err
+    with Ledger() as ledger:
+        assert [r.ended_by for r in ledger.instances()] == ["budget", "budget"]
+
+
+def test_cli_reports_interruptions(sim_profile: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GPUTUI_SIM_LAUNCH_DELAY", "0")
+    monkeypatch.setenv("GPUTUI_SIM_INTERRUPT_AFTER", "0.4")
+    p = ["--profile", str(sim_profile)]
+    assert main(["cloud", "up", "--yes", "--no-guard", *p]) == 0
+    time.sleep(0.5)
+    capsys.readouterr()
+    assert main(["cloud", "ls", *p]) == 0
+    err = capsys.readouterr().err
+    assert "interrupted: " in err and "spot interruption" in err
+
+
+def test_up_leaves_a_guard_that_goes_when_the_slaves_do(sim_profile: Path, gputui_home: Path) -> None:
+    p = ["--profile", str(sim_profile)]
+    up = cli("cloud", "up", "--yes", "--guard-interval", "0.3", *p)
+    assert up.returncode == 0, up.stderr
+    assert "budget guard running (pid" in up.stderr
+    pid = int(up.stderr.split("budget guard running (pid ")[1].split(",")[0])
+    os.kill(pid, 0)  # alive
+    again = cli("cloud", "up", "--yes", "--count", "1", "--guard-interval", "0.3", "--profile", str(sim_profile),
+                "--cluster", "demo")
+    assert "budget guard running" not in again.stderr  # one guard per cluster (this one was refused by budget anyway)
+    down = cli("cloud", "down", "--all", "--yes", *p)
+    assert down.returncode == 0, down.stderr
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the guard did not stop after the slaves went")
+    log = next((gputui_home / "guards").glob("*.log")).read_text()
+    assert "guarding cluster demo" in log and "the guard stops" in log

@@ -1,0 +1,181 @@
+"""What moto cannot do: capacity, price and quota refusals, refused credentials and
+missing permissions, through botocore's Stubber on a real EC2 client."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from botocore.stub import ANY, Stubber
+
+from gputui.cli import main
+from gputui.cloud import provider as provider_module
+from gputui.cloud.ec2 import Ec2Provider
+from gputui.cloud.ledger import Ledger
+from gputui.cloud.lifecycle import CloudContext, key_pair_name, launch, plan_launch
+from gputui.cloud.settings import CloudSettings
+from gputui.errors import GputuiError, UserError
+from gputui.model.cloud import LaunchAttempt
+
+from .moto_fixture import DEAD_PROXY, DUMMY_KEY_ID, DUMMY_SECRET, public_key_line
+
+REGION = "us-east-1"
+CIDR = "198.51.100.7/32"
+
+
+class FixedPrices:
+    def __init__(self, prices: dict[str, float]) -> None:
+        self.prices = prices
+
+    def spot_prices(self, instance_type: str, zones: Any) -> dict[str, float]:
+        return {z: p for z, p in self.prices.items() if not zones or z in zones}
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Ec2Provider, Stubber]]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", DUMMY_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", DUMMY_SECRET)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", DEAD_PROXY)  # the Stubber answers; nothing is sent anywhere
+    monkeypatch.setenv("HTTPS_PROXY", DEAD_PROXY)
+    provider = Ec2Provider(REGION)
+    with Stubber(provider.ec2) as stub:
+        yield provider, stub
+        stub.assert_no_pending_responses()
+
+
+def context(tmp_path: Path, provider: Ec2Provider, fallback: bool = True) -> CloudContext:
+    key = tmp_path / "id.pub"
+    key.write_text(public_key_line() + "\n")
+    settings = CloudSettings(budget_usd=10.0, region=REGION, zones=(f"{REGION}a", f"{REGION}b"), ssh_cidr=CIDR,
+                             ami="ami-0123456789abcdef0", public_key=str(key), on_demand_fallback=fallback,
+                             source=tmp_path / "p.toml")
+    prices = FixedPrices({f"{REGION}a": 0.16, f"{REGION}b": 0.21})
+    return CloudContext(settings, provider, Ledger(tmp_path / "ledger.sqlite3"), "c1", "me@here", prices=prices)
+
+
+def stub_network_setup(stub: Stubber, ctx: CloudContext) -> None:
+    """Key pair and security group already exactly as wanted: no changes requested."""
+    name = key_pair_name(ctx.settings.read_public_key())
+    stub.add_response("describe_key_pairs", {"KeyPairs": [{"KeyName": name}]}, {"KeyNames": [name]})
+    stub.add_response("describe_vpcs", {"Vpcs": [{"VpcId": "vpc-1"}]}, {"Filters": ANY})
+    group = {"GroupId": "sg-1", "GroupName": "gputui-c1", "IpPermissions": [
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": CIDR}]},
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1"}]},
+    ]}
+    stub.add_response("describe_security_groups", {"SecurityGroups": [group]}, {"Filters": ANY})
+
+
+def run_params(zone: str, spot: bool, count: int = 2) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "ImageId": "ami-0123456789abcdef0", "InstanceType": "g4dn.xlarge", "MinCount": count, "MaxCount": count,
+        "KeyName": ANY, "SecurityGroupIds": ["sg-1"], "Placement": {"AvailabilityZone": zone},
+        "TagSpecifications": ANY, "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "ClientToken": ANY,
+    }
+    if spot:
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    return params
+
+
+def started(zone: str, count: int, lifecycle: str | None) -> dict[str, Any]:
+    now = dt.datetime.now(dt.timezone.utc)
+    instances = []
+    for n in range(count):
+        raw: dict[str, Any] = {"InstanceId": f"i-{zone[-1]}{n:016x}", "InstanceType": "g4dn.xlarge",
+                               "Placement": {"AvailabilityZone": zone}, "State": {"Name": "pending", "Code": 0},
+                               "LaunchTime": now}
+        if lifecycle:
+            raw["InstanceLifecycle"] = lifecycle
+        instances.append(raw)
+    return {"Instances": instances}
+
+
+def test_capacity_and_price_errors_try_the_next_zone_then_on_demand(tmp_path: Path, stubbed: Any) -> None:
+    provider, stub = stubbed
+    ctx = context(tmp_path, provider)
+    plan = plan_launch(ctx, 2)
+    assert plan.attempts == ((f"{REGION}a", "spot"), (f"{REGION}b", "spot"), (f"{REGION}a", "on-demand"),
+                             (f"{REGION}b", "on-demand"))
+    stub_network_setup(stub, ctx)
+    stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "We currently do not have sufficient capacity",
+                          expected_params=run_params(f"{REGION}a", True))
+    stub.add_client_error("run_instances", "SpotMaxPriceTooLow", "Your Spot request price is lower than the minimum",
+                          expected_params=run_params(f"{REGION}b", True))
+    stub.add_response("run_instances", started(f"{REGION}a", 2, None), run_params(f"{REGION}a", False))
+    reported: list[LaunchAttempt] = []
+    result = launch(ctx, plan, report=reported.append)
+    assert [(a.zone, a.lifecycle, a.error_code, a.launched) for a in reported] == [
+        (f"{REGION}a", "spot", "InsufficientInstanceCapacity", 0),
+        (f"{REGION}b", "spot", "SpotMaxPriceTooLow", 0),
+        (f"{REGION}a", "on-demand", None, 2),
+    ]
+    assert len(result.instances) == 2
+    records = ctx.ledger.instances(running=True)
+    assert [r.lifecycle for r in records] == ["on-demand", "on-demand"]
+    assert all(r.hourly_price == 0.526 for r in records)  # metered at the on-demand list price
+
+
+def test_a_spot_quota_skips_the_other_spot_zones(tmp_path: Path, stubbed: Any) -> None:
+    provider, stub = stubbed
+    ctx = context(tmp_path, provider, fallback=False)
+    stub_network_setup(stub, ctx)
+    stub.add_client_error("run_instances", "MaxSpotInstanceCountExceeded", "Max spot instance count exceeded",
+                          expected_params=run_params(f"{REGION}a", True))
+    reported: list[LaunchAttempt] = []
+    result = launch(ctx, plan_launch(ctx, 2), report=reported.append)
+    assert [a.error_code for a in reported] == ["MaxSpotInstanceCountExceeded"]  # zone b would hit the same quota
+    assert result.instances == [] and ctx.ledger.instances() == []
+
+
+def test_spot_launch_goes_to_the_cheapest_zone_at_its_price(tmp_path: Path, stubbed: Any) -> None:
+    provider, stub = stubbed
+    ctx = context(tmp_path, provider)
+    stub_network_setup(stub, ctx)
+    stub.add_response("run_instances", started(f"{REGION}a", 2, "spot"), run_params(f"{REGION}a", True))
+    result = launch(ctx, plan_launch(ctx, 2))
+    assert set(result.rates.values()) == {0.16}
+    assert [r.lifecycle for r in ctx.ledger.instances()] == ["spot", "spot"]
+
+
+@pytest.mark.parametrize("code, message, expected, kind", [
+    ("AuthFailure", "AWS was not able to validate the provided access credentials", "AWS refused the credentials (AuthFailure", UserError),
+    ("UnauthorizedOperation", "You are not authorized to perform this operation. Encoded authorization failure message: "
+     "AbCdEf0123", "AWS denied ec2:DescribeAvailabilityZones (UnauthorizedOperation)", UserError),
+    ("RequestExpired", "Request has expired", "AWS refused the credentials (RequestExpired", UserError),
+    ("InternalError", "An internal error has occurred", "ec2:DescribeAvailabilityZones failed: InternalError", GputuiError),
+])
+def test_aws_errors_become_one_line(stubbed: Any, code: str, message: str, expected: str, kind: type) -> None:
+    provider, stub = stubbed
+    stub.add_client_error("describe_availability_zones", code, message)
+    with pytest.raises(kind) as info:
+        provider.zones()
+    text = str(info.value)
+    assert text.startswith(expected) and "\n" not in text
+    assert "AbCdEf0123" not in text  # the encoded blob is left out
+    assert (info.value.exit_code == 2) == (kind is UserError)
+
+
+def test_error_messages_never_carry_credentials(stubbed: Any) -> None:
+    provider, stub = stubbed
+    stub.add_client_error("describe_availability_zones", "InvalidClientTokenId",
+                          f"The security token {DUMMY_KEY_ID} with secret {DUMMY_SECRET} is invalid")
+    with pytest.raises(UserError) as info:
+        provider.zones()
+    assert DUMMY_KEY_ID not in str(info.value) and DUMMY_SECRET not in str(info.value)
+    assert "[redacted]" in str(info.value)
+
+
+def test_cli_prints_permission_errors_as_one_line(tmp_path: Path, stubbed: Any, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    provider, stub = stubbed
+    stub.add_client_error("describe_instances", "UnauthorizedOperation", "You are not authorized to perform this operation.")
+    monkeypatch.setattr(provider_module, "make_provider", lambda kind, region: provider)
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[cloud]\nbudget_usd = 5\nssh_cidr = "{CIDR}"\n')
+    assert main(["cloud", "ls", "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("gputui: error: AWS denied ec2:DescribeInstances (UnauthorizedOperation); "
+                   "allow it for your IAM user or role\n")

@@ -1,0 +1,197 @@
+"""The spot interruption watcher against a fake instance-metadata server on loopback,
+with real processes receiving SIGTERM; and the master's SSH route to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from gputui.cloud import watcher
+from gputui.cloud.remote import REMOTE_CHECKPOINT, ssh_checkpointer, ssh_command
+from gputui.errors import GputuiError
+from gputui.model.cloud import InstanceRecord
+
+CHILD = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def stop(*_):
+    out.write_text("checkpoint written")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 60)
+"""
+
+
+class FakeImds:
+    """IMDSv2 as a slave sees it: a session token first, then 404 until a notice exists."""
+
+    def __init__(self) -> None:
+        self.tokens: set[str] = set()
+        self.notice: dict[str, str] | None = None
+        self.log: list[tuple[float, str, str]] = []  # (time, method, outcome)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def reply(self, code: int, body: str = "") -> None:
+                fake.log.append((time.monotonic(), self.command, str(code)))
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self.reply(400)
+                token = f"token-{len(fake.tokens)}"
+                fake.tokens.add(token)
+                self.reply(200, token)
+
+            def do_GET(self) -> None:
+                if self.headers.get("X-aws-ec2-metadata-token") not in fake.tokens:
+                    return self.reply(401)
+                if self.path != "/latest/meta-data/spot/instance-action" or fake.notice is None:
+                    return self.reply(404, "Not Found")
+                self.reply(200, json.dumps(fake.notice))
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def outcomes(self, method: str) -> list[str]:
+        return [outcome for _t, m, outcome in self.log if m == method]
+
+
+@pytest.fixture
+def imds() -> Iterator[FakeImds]:
+    fake = FakeImds()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+def start_child(tmp_path: Path, name: str, seconds: float = 60) -> tuple[subprocess.Popen[str], Path]:
+    marker = tmp_path / f"{name}.ckpt"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(marker), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child, marker
+
+
+def test_client_does_the_token_handshake_and_renews_a_rejected_token(imds: FakeImds) -> None:
+    client = watcher.Imds(imds.url)
+    assert client.instance_action() is None and client.instance_action() is None
+    assert imds.outcomes("PUT") == ["200"] and imds.outcomes("GET") == ["404", "404"]  # one token, reused
+    imds.tokens.clear()  # the token expired on the server's side
+    imds.notice = {"action": "terminate", "time": "2026-11-21T17:00:00Z"}
+    assert client.instance_action() == imds.notice
+    assert imds.outcomes("PUT") == ["200", "200"] and imds.outcomes("GET")[-2:] == ["401", "200"]
+
+
+def test_watcher_sigterms_the_training_process_on_a_notice(tmp_path: Path, imds: FakeImds) -> None:
+    child, marker = start_child(tmp_path, "train")
+    watch = subprocess.Popen([sys.executable, "-m", "gputui.cloud.watcher", "--pid", str(child.pid),
+                              "--imds", imds.url, "--interval", "0.2"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while imds.outcomes("GET").count("404") < 3:  # polling, nothing to report yet
+            assert time.monotonic() < deadline and watch.poll() is None
+            time.sleep(0.05)
+        assert child.poll() is None and not marker.exists()
+        noticed = time.monotonic()
+        imds.notice = {"action": "terminate", "time": "2026-11-21T17:02:00Z"}
+        assert child.wait(timeout=30) == 0  # it checkpointed and stopped cleanly
+        reacted = time.monotonic() - noticed
+        assert marker.read_text() == "checkpoint written"
+        assert watch.wait(timeout=30) == 0
+        _out, err = watch.communicate()
+    finally:
+        for proc in (child, watch):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert reacted < 5.0  # within a poll or two, far inside the two-minute warning
+    assert "spot interruption notice" in err and str(child.pid) in err
+    assert "200" in imds.outcomes("GET") and "401" not in imds.outcomes("GET")
+    assert not any(watcher.registry().glob("*"))  # it deregistered itself
+
+
+def test_gputui_cloud_watch_ends_with_the_process_when_no_notice_comes(tmp_path: Path, imds: FakeImds) -> None:
+    child, marker = start_child(tmp_path, "short", seconds=1.0)
+    result = subprocess.run([sys.executable, "-m", "gputui", "cloud", "watch", "--pid", str(child.pid),
+                             "--imds", imds.url, "--interval", "0.2"], capture_output=True, text=True, timeout=60)
+    child.wait(timeout=30)
+    assert result.returncode == 0 and not marker.exists()
+    assert "notice" not in result.stderr and imds.outcomes("GET").count("404") >= 2
+
+
+def test_unreachable_metadata_is_said_once_and_polling_goes_on(tmp_path: Path) -> None:
+    said: list[str] = []
+    sleeps = []
+    client = watcher.Imds("http://127.0.0.1:9", timeout_s=0.5)
+    pid = os.getpid()
+    stop_after = iter([True, True, True, False])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(watcher, "alive", lambda p: next(stop_after))
+        assert watcher.watch(pid, client, interval_s=5, sleep=sleeps.append, say=said.append) is None
+    assert len(said) == 1 and "not reachable" in said[0] and sleeps == [5, 5, 5]
+
+
+def test_checkpoint_all_signals_every_watched_run(tmp_path: Path) -> None:
+    first, first_marker = start_child(tmp_path, "a")
+    second, second_marker = start_child(tmp_path, "b")
+    try:
+        watcher.register(first.pid)
+        watcher.register(second.pid)
+        (watcher.registry() / "999999999").write_text("")  # a run long gone
+        result = subprocess.run([sys.executable, "-m", "gputui.cloud.watcher", "--checkpoint-all"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0
+        assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+        assert first_marker.exists() and second_marker.exists()
+        assert not (watcher.registry() / "999999999").exists()
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_the_master_reaches_the_slaves_over_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in `ssh` runs the remote command here, so the whole route is exercised."""
+    fake_ssh = tmp_path / "ssh"
+    calls = tmp_path / "calls.txt"
+    fake_ssh.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nfor last; do :; done\nexec sh -c "$last"\n')
+    fake_ssh.chmod(0o755)
+    monkeypatch.setenv("GPUTUI_SSH", str(fake_ssh))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert ssh_command("ubuntu", "203.0.113.9")[-2:] == ["ubuntu@203.0.113.9", REMOTE_CHECKPOINT]
+    assert "BatchMode=yes" in ssh_command("ubuntu", "203.0.113.9")
+    child, marker = start_child(tmp_path, "remote")
+    try:
+        watcher.register(child.pid)
+        record = InstanceRecord("i-1", "ec2", "us-east-1", "c", None, "g4dn.xlarge", "us-east-1a", "spot", 0.2,
+                                0.0, None, "running", None, "203.0.113.9")
+        ssh_checkpointer("ubuntu")([record])
+        assert child.wait(timeout=30) == 0 and marker.exists()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "ubuntu@203.0.113.9" in calls.read_text()
+    no_address = InstanceRecord("i-2", "ec2", "us-east-1", "c", None, "t", "z", "spot", 0.2, 0.0, None, "pending",
+                                None, None)
+    with pytest.raises(GputuiError, match="i-2: no address"):
+        ssh_checkpointer("ubuntu")([no_address])
