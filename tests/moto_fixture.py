@@ -40,7 +40,7 @@ class Aws:
     home: Path
 
     def ec2(self) -> Any:
-        import boto3
+        import boto3  # type: ignore[import-untyped]
 
         return boto3.session.Session(region_name=REGION).client("ec2")
 

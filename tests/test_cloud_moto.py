@@ -65,7 +65,7 @@ def ingress(aws: Aws) -> list[dict[str, Any]]:
 
 def test_up_launches_tagged_spot_instances_with_an_imported_key(aws: Aws, capsys: pytest.CaptureFixture[str]) -> None:
     operations: list[str] = []
-    import botocore.client
+    import botocore.client  # type: ignore[import-untyped]
 
     original = botocore.client.BaseClient._make_api_call
 

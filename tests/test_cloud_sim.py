@@ -19,6 +19,7 @@ from gputui.cloud.lifecycle import launch, plan_launch, wait_running
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.provider import CapacityError, LaunchRequest, instance_tags
 from gputui.cloud.sim import SimProvider, SimScript
+from gputui.model.cloud import CloudEvent
 
 from .moto_fixture import cli, public_key_line
 from .test_cloud_budget import T0, make_context
@@ -92,7 +93,7 @@ def test_sim_is_safe_to_share_between_threads(tmp_path: Path) -> None:
 
 def test_the_master_notices_interruptions_and_price_changes_on_every_poll(tmp_path: Path) -> None:
     ctx, clock = make_context(tmp_path, budget=100.0, script=SimScript(seed=5, launch_delay_s=0, interruptions={0: 500}))
-    seen = []
+    seen: list[CloudEvent] = []
     ctx.listener = seen.append
     wait_running(ctx, launch(ctx, plan_launch(ctx, 2)))
     book = PriceBook(ctx.provider, clock=clock)
@@ -101,7 +102,7 @@ def test_the_master_notices_interruptions_and_price_changes_on_every_poll(tmp_pa
     clock.now += 101
     _shown, events = poll(ctx, book)
     assert [e.kind for e in events] == ["interrupted"]
-    interrupted = ctx.ledger.get(events[0].instance_id)
+    interrupted = ctx.ledger.get(str(events[0].instance_id))
     assert interrupted is not None and interrupted.ended_by == "interrupted" and interrupted.terminated == clock.now
     assert poll(ctx, book)[1] == []  # recorded once
     # An hour later the surviving instance's spot price is re-read; a change opens a new price line.
@@ -109,6 +110,7 @@ def test_the_master_notices_interruptions_and_price_changes_on_every_poll(tmp_pa
     _shown, events = poll(ctx, book)
     (survivor,) = ctx.ledger.instances(running=True)
     assert [e.kind for e in events] == ["price"] and len(survivor.prices) == 2
+    assert isinstance(ctx.provider, SimProvider)
     assert survivor.hourly_price == ctx.provider.spot_price("g4dn.xlarge", survivor.zone, clock.now)
     assert [e.kind for e in seen].count("interrupted") == 1  # the UI's listener saw it too
     assert [e.kind for e in ctx.ledger.events()] == [e.kind for e in seen]
@@ -124,7 +126,12 @@ def test_exit_check_asks_on_a_terminal_and_refuses_silence_headless(tmp_path: Pa
     assert said[-1].startswith("left running by your choice")
     assert len(ctx.ledger.instances(running=True)) == 2
     questions: list[str] = []
-    assert exit_check(ctx, True, lambda q: questions.append(q) or True, said.append) == 0
+
+    def yes(question: str) -> bool:
+        questions.append(question)
+        return True
+
+    assert exit_check(ctx, True, yes, said.append) == 0
     assert "Terminate them now?" in questions[0]
     assert ctx.ledger.instances(running=True) == []
     assert exit_check(ctx, False, lambda q: True, said.append) == 0
@@ -212,3 +219,38 @@ def test_up_leaves_a_guard_that_goes_when_the_slaves_do(sim_profile: Path, gputu
         pytest.fail("the guard did not stop after the slaves went")
     log = next((gputui_home / "guards").glob("*.log")).read_text()
     assert "guarding cluster demo" in log and "the guard stops" in log
+
+
+class Terminal:
+    """stdin as a terminal whose user gives these answers."""
+
+    def __init__(self, answers: list[str], asked: list[str]) -> None:
+        self.answers, self.asked = iter(answers), asked
+
+    def isatty(self) -> bool:
+        return True
+
+    def ask(self, question: str) -> str:
+        self.asked.append(question)
+        return next(self.answers)
+
+
+def test_on_a_terminal_up_shows_the_price_and_asks_and_down_confirms(
+        sim_profile: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    asked: list[str] = []
+    terminal = Terminal(["n", "y", "", "yes"], asked)
+    monkeypatch.setattr(sys, "stdin", terminal)
+    monkeypatch.setattr("builtins.input", terminal.ask)
+    p = ["--profile", str(sim_profile)]
+    assert main(["cloud", "up", "--no-guard", *p]) == 1  # declined
+    err = capsys.readouterr().err
+    assert "1 x g4dn.xlarge: spot $" in err and "(on-demand $0.5260/h, saving" in err and "nothing launched" in err
+    assert asked[-1].startswith("Launch 1 x g4dn.xlarge at about $") and asked[-1].endswith("/h? [y/N] ")
+    assert main(["cloud", "up", "--no-guard", *p]) == 0  # accepted
+    assert main(["cloud", "down", "--all", *p]) == 1  # an empty answer is no
+    assert asked[-1] == "Terminate 1 instance(s)? [y/N] "
+    assert main(["cloud", "down", "--all", *p]) == 0
+    with Ledger() as ledger:
+        assert [r.ended_by for r in ledger.instances()] == ["user"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from botocore.stub import ANY, Stubber
+from botocore.stub import ANY, Stubber  # type: ignore[import-untyped]
 
 from gputui.cli import main
 from gputui.cloud import provider as provider_module
@@ -155,7 +155,7 @@ def test_aws_errors_become_one_line(stubbed: Any, code: str, message: str, expec
     text = str(info.value)
     assert text.startswith(expected) and "\n" not in text
     assert "AbCdEf0123" not in text  # the encoded blob is left out
-    assert (info.value.exit_code == 2) == (kind is UserError)
+    assert isinstance(info.value, GputuiError) and (info.value.exit_code == 2) == (kind is UserError)
 
 
 def test_error_messages_never_carry_credentials(stubbed: Any) -> None:

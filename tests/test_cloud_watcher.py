@@ -139,7 +139,7 @@ def test_gputui_cloud_watch_ends_with_the_process_when_no_notice_comes(tmp_path:
 
 def test_unreachable_metadata_is_said_once_and_polling_goes_on(tmp_path: Path) -> None:
     said: list[str] = []
-    sleeps = []
+    sleeps: list[float] = []
     client = watcher.Imds("http://127.0.0.1:9", timeout_s=0.5)
     pid = os.getpid()
     stop_after = iter([True, True, True, False])

@@ -150,12 +150,22 @@ def test_energy_meter_writes_lines_without_losing_or_doubling_time(tmp_path: Pat
     assert lines[0][4] == lines[1][3]  # the second line starts where the first ended
     assert sum(l[5] * l[6] for l in lines) == pytest.approx(energy_kwh(samples) * 0.30)
 
-    class Reading:
-        time = 2000.0
-        power_w = None
+    ledger.close()
 
-    meter.add_sample("local/gpu1", Reading())  # a missing metric is recorded as missing, not zero
-    assert meter.flush() == 0.0
+
+def test_energy_meter_takes_telemetry_snapshots_of_local_gpus(tmp_path: Path) -> None:
+    from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
+
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    meter = EnergyMeter(ledger, kwh_price=0.25)
+    for k in range(121):  # one hour, every 30 s: GPU 0 draws 200 W, GPU 1 reports no power (not available)
+        gpus = (GpuSample(0, power_w=200.0), GpuSample(1, power_w=None))
+        meter.add_snapshot(HostSnapshot("ws", HostState("ok"), 5000.0 + 30 * k, kind="local", gpus=gpus))
+        meter.add_snapshot(HostSnapshot("far", HostState("ok"), 5000.0 + 30 * k, kind="ssh", gpus=gpus))
+    assert meter.flush() == pytest.approx(0.2)
+    lines = {line[0]: line for line in ledger.energy()}
+    assert set(lines) == {"ws/gpu0", "ws/gpu1"}  # remote hosts' electricity is not ours to price
+    assert lines["ws/gpu0"][5] == pytest.approx(0.2) and lines["ws/gpu1"][5] == 0.0  # missing is not guessed
     ledger.close()
 
 

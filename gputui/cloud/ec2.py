@@ -31,7 +31,7 @@ Atom = tuple[str, Any, Any, str, str]  # protocol, from port, to port, "cidr"|"c
 @functools.lru_cache(maxsize=1)
 def _shared_loader() -> Any:
     """botocore's model loader, kept for the process: parsing the EC2 model takes ~0.2 s."""
-    import botocore.loaders
+    import botocore.loaders  # type: ignore[import-untyped]
 
     return botocore.loaders.create_loader()
 
@@ -105,9 +105,9 @@ class Ec2Provider:
         self._ssm = ssm_client
 
     def _make(self, service: str) -> Any:
-        import boto3
-        import botocore.session
-        from botocore.config import Config
+        import boto3  # type: ignore[import-untyped]
+        import botocore.session  # type: ignore[import-untyped]
+        from botocore.config import Config  # type: ignore[import-untyped]
 
         # Standard retries (3 attempts) unless the user configured their own (AWS_MAX_ATTEMPTS, ...).
         retries = {} if os.environ.get("AWS_MAX_ATTEMPTS") else {"retries": {"max_attempts": 3, "mode": "standard"}}
@@ -155,7 +155,7 @@ class Ec2Provider:
         if not ami.startswith("ssm:"):
             return ami
         name = ami[len("ssm:"):]
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
         with aws_errors("ssm:GetParameter"):
             try:
@@ -236,7 +236,7 @@ class Ec2Provider:
         return [parse_instance(raw) for raw in reply["Instances"]]
 
     def _describe(self, filters: list[dict[str, Any]]) -> list[InstanceInfo]:
-        out = []
+        out: list[InstanceInfo] = []
         with aws_errors("ec2:DescribeInstances"):
             for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
                 for reservation in page["Reservations"]:

@@ -1,29 +1,29 @@
 """Local GPU energy for the ledger: NVML power draw x time x $/kWh.
 
-Telemetry hands readings in (any object with `time` and `power_w`, or plain numbers);
-the meter integrates them per GPU and writes energy lines when flushed. A missing
+Telemetry hands its snapshots in (or plain readings); the meter integrates power per GPU
+and writes energy lines when flushed. A missing
 reading (None) is not guessed: energy is counted only where power was measured.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
-
 from gputui.cloud.ledger import Ledger
 from gputui.model.cloud import energy_kwh
+from gputui.model.telemetry import HostSnapshot
 
 
 class EnergyMeter:
     """Integrates power per subject ("host/gpuN") and flushes energy cost lines to a ledger."""
 
     def __init__(self, ledger: Ledger, kwh_price: float, cluster: str = "local", run_id: str | None = None,
-                 max_gap_s: float = 30.0) -> None:
+                 max_gap_s: float = 30.0, kinds: tuple[str, ...] = ("local",)) -> None:
         self.ledger = ledger
         self.kwh_price = kwh_price
         self.cluster = cluster
         self.run_id = run_id
         self.max_gap_s = max_gap_s
+        self.kinds = kinds  # telemetry host kinds whose energy this meter pays for
         self._samples: dict[str, list[tuple[float, float | None]]] = {}
         self._lock = threading.Lock()
 
@@ -31,9 +31,12 @@ class EnergyMeter:
         with self._lock:
             self._samples.setdefault(subject, []).append((when, watts))
 
-    def add_sample(self, subject: str, sample: Any) -> None:
-        """A telemetry reading with `time` and `power_w` attributes (power_w may be None)."""
-        self.add(subject, float(sample.time), getattr(sample, "power_w", None))
+    def add_snapshot(self, snapshot: HostSnapshot) -> None:
+        """Every GPU of a telemetry snapshot of a metered host ("host/gpuN"; no reading, no energy)."""
+        if snapshot.kind not in self.kinds:
+            return
+        for gpu in snapshot.gpus:
+            self.add(f"{snapshot.name}/gpu{gpu.index}", snapshot.time, gpu.power_w)
 
     def flush(self) -> float:
         """Write one line per subject for the readings so far; return the kWh written.

@@ -42,6 +42,13 @@ INSTANCE_COLUMNS = ("id, provider, region, cluster, owner, type, zone, lifecycle
                     "terminated, state, ended_by, address")
 
 
+def _record(row: Sequence[Any], prices: tuple[PricePoint, ...]) -> InstanceRecord:
+    (instance_id, provider, region, cluster, owner, instance_type, zone, lifecycle, hourly_price, launched,
+     terminated, state, ended_by, address) = row
+    return InstanceRecord(instance_id, provider, region, cluster, owner, instance_type, zone, lifecycle, hourly_price,
+                          launched, terminated, state, ended_by, address, prices)
+
+
 def default_path() -> Path:
     return data_home() / "ledger.sqlite3"
 
@@ -152,7 +159,8 @@ class Ledger:
     def instances(self, provider: str | None = None, region: str | None = None, cluster: str | None = None,
                   running: bool | None = None, since: float | None = None) -> list[InstanceRecord]:
         """Instances matching every given filter (`since`: still up then, or launched after)."""
-        where, args = ["1=1"], []
+        where: list[str] = ["1=1"]
+        args: list[Any] = []
         for column, value in (("provider", provider), ("region", region), ("cluster", cluster)):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -166,7 +174,7 @@ class Ledger:
         lines: dict[str, list[PricePoint]] = {}
         for subject, start, rate in self._read("SELECT subject, start, rate FROM cost_lines WHERE kind = 'instance' ORDER BY start, id"):
             lines.setdefault(subject, []).append(PricePoint(start, rate))
-        return [InstanceRecord(*row, prices=tuple(lines.get(row[0], ()))) for row in rows]
+        return [_record(row, tuple(lines.get(row[0], ()))) for row in rows]
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         found = [r for r in self.instances() if r.instance_id == instance_id]
@@ -185,7 +193,7 @@ class Ledger:
     def runs(self, since: float | None = None) -> list[tuple[str, str, float, float | None, str]]:
         """(run id, cluster, started, ended, status) of runs still going at `since` or later."""
         cutoff = since if since is not None else float("-inf")
-        return [tuple(r) for r in self._read("SELECT id, cluster, started, ended, status FROM runs "  # type: ignore[misc]
+        return [tuple(r) for r in self._read("SELECT id, cluster, started, ended, status FROM runs "
                                              "WHERE ended IS NULL OR ended >= ? ORDER BY started", (cutoff,))]
 
     def add_energy(self, subject: str, cluster: str, run_id: str | None, start: float, end: float,
@@ -197,7 +205,7 @@ class Ledger:
     def energy(self, since: float | None = None) -> list[tuple[str, str, str | None, float, float, float, float]]:
         """(subject, cluster, run id, start, end, kWh, $/kWh) of energy lines ending at `since` or later."""
         cutoff = since if since is not None else float("-inf")
-        return [tuple(r) for r in self._read(  # type: ignore[misc]
+        return [tuple(r) for r in self._read(
             "SELECT subject, cluster, run_id, start, \"end\", quantity, rate FROM cost_lines "
             "WHERE kind = 'energy' AND \"end\" >= ? ORDER BY start", (cutoff,))]
 

@@ -167,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Shared by `python -m gputui.cloud.watcher` and `gputui cloud watch`."""
-    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
     if args.checkpoint_all:
         checkpoint_all(say)
         return 0
