@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gputui.cloud.settings import CLOUD_SECTION
+from gputui.cluster.settings import CLUSTER_SECTION
 from gputui.errors import UserError
 from gputui.hosts import HOSTS_SECTION
 from gputui.schema import Field, Section, Source
@@ -64,7 +65,9 @@ RUN_SECTION = Section(
 
 # Every table a profile may hold. Each feature's schema lives in a torch-free module and is
 # listed here, so that a profile is validated whole whatever has been imported.
-PROFILE_SECTIONS: dict[str, Section] = {"run": RUN_SECTION, "hosts": HOSTS_SECTION, "cloud": CLOUD_SECTION}
+PROFILE_SECTIONS: dict[str, Section] = {
+    "run": RUN_SECTION, "hosts": HOSTS_SECTION, "cloud": CLOUD_SECTION, "cluster": CLUSTER_SECTION,
+}
 
 
 @dataclass(frozen=True)

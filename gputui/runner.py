@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui import runs
+from gputui.cluster.settings import cluster_profile, remember_cluster
 from gputui.console import View
 from gputui.errors import UserError
 from gputui.paths import profiles_dir, runs_home
@@ -61,6 +62,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         run.profile.write_text(cfg.to_toml(), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {run.profile}: {exc.strerror or exc}") from None
+    remember_cluster(run.path, profile_path)  # a profile with [cluster] trains across its nodes
     return run, cfg, False
 
 
@@ -77,6 +79,11 @@ def check(cfg: RunConfig) -> None:
 
 def execute(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
     """Train; return 'done' or 'interrupted'. Errors are GputuiError subclasses."""
+    cluster = cluster_profile(run.path)
+    if cluster is not None:
+        from gputui.cluster.launch import execute_cluster
+
+        return execute_cluster(run, cfg, resume, view, cluster)
     if cfg.strategy == "ddp":
         return _execute_ddp(run, cfg, resume, view)
     return _execute_local(run, cfg, resume, view)

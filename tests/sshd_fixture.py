@@ -48,6 +48,10 @@ class Sshd:
     fixture: str | None  # a directory under tests/data/nvsmi, or None: no nvidia-smi at all
     process: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
+    address: str = "127.0.0.1"  # any 127.0.0.0/8 address: one "machine" per address
+    path: str | None = None  # the session's PATH (default: BIN:/usr/local/bin:/usr/bin:/bin)
+    extra_config: tuple[str, ...] = ()  # more sshd_config lines (e.g. the sftp Subsystem)
+    home: Path | None = None  # the session's HOME (default: ROOT/home)
 
     @property
     def port(self) -> int:
@@ -59,7 +63,7 @@ class Sshd:
 
     def known_hosts_line(self, port: int | None = None) -> str:
         """A known_hosts line that trusts this server's host key on `port`."""
-        return f"[127.0.0.1]:{port or self.port} {self.host_public_key()}\n"
+        return f"[{self.address}]:{port or self.port} {self.host_public_key()}\n"
 
     def start(self) -> "Sshd":
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
@@ -67,15 +71,15 @@ class Sshd:
         bin_dir.mkdir(exist_ok=True)
         if self.fixture is not None:
             shutil.copy(NVSMI_DATA / "fake-nvidia-smi", bin_dir / "nvidia-smi")
-        home = self.root / "home"
-        home.mkdir(exist_ok=True)
+        home = self.home or self.root / "home"
+        home.mkdir(parents=True, exist_ok=True)
         (self.root / "authorized_keys").write_text(self.user_key.with_suffix(".pub").read_text())
         self.log = self.root / "sshd.log"
-        env = f"PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin HOME={home}"
+        env = f"PATH={self.path or f'{bin_dir}:/usr/local/bin:/usr/bin:/bin'} HOME={home}"
         if self.fixture is not None:
             env += f" NVSMI_FIXTURE={NVSMI_DATA / self.fixture}"
         lines = [f"Port {p}" for p in self.ports] + [
-            "ListenAddress 127.0.0.1",
+            f"ListenAddress {self.address}",
             f"HostKey {self.host_key}",
             f"PidFile {self.root / 'sshd.pid'}",
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
@@ -90,6 +94,7 @@ class Sshd:
             "MaxSessions 200",
             "PrintMotd no",
             "LogLevel INFO",
+            *self.extra_config,
         ]
         config = self.root / "sshd_config"
         config.write_text("\n".join(lines) + "\n")
@@ -101,7 +106,7 @@ class Sshd:
         deadline = time.monotonic() + 10
         while True:
             said = self.log.read_text(errors="replace")
-            if all(f"Server listening on 127.0.0.1 port {p}." in said for p in self.ports):
+            if all(f"Server listening on {self.address} port {p}." in said for p in self.ports):
                 return self
             assert self.process.poll() is None, f"sshd exited: {said}"
             assert time.monotonic() < deadline, f"sshd did not listen on {self.ports}: {said}"

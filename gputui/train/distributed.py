@@ -125,6 +125,24 @@ def _last_line(path: Path) -> str:
     return (errors or lines or ["no output"])[-1][:200]
 
 
+def init_rank(cfg: Any, local_rank: int) -> Any:
+    """This rank's device (its GPU, or the CPU with `threads`) and its process group (NCCL or gloo)."""
+    import torch
+    import torch.distributed as tdist
+
+    from gputui.train.devices import resolve_device
+
+    device, _why = resolve_device(cfg.device)
+    if device.type == "cuda":
+        index = cfg.gpus[local_rank] if cfg.gpus else local_rank
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    elif cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """One torchrun rank: train the run in --run-dir; rank 0 writes events and checkpoints."""
     parser = argparse.ArgumentParser(prog="gputui-ddp-worker")
@@ -132,13 +150,11 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
 
-    import torch
     import torch.distributed as tdist
 
     from gputui.profiles import load_profile
     from gputui.runs import EventLog, encode
     from gputui.train.data import load_dataset
-    from gputui.train.devices import resolve_device
     from gputui.train.loop import Dist, StopFlag, Trainer
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -156,14 +172,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         cfg = load_profile(run.profile).run.resolve()
-        device, _why = resolve_device(cfg.device)
-        if device.type == "cuda":
-            index = cfg.gpus[local_rank] if cfg.gpus else local_rank
-            device = torch.device("cuda", index)
-            torch.cuda.set_device(device)
-        elif cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        device = init_rank(cfg, local_rank)
         data = load_dataset(Path(cfg.data) if cfg.data else None)
         trainer = Trainer(cfg, run, data, device, emit, stop, dist=Dist(rank, world))
         trainer.train(resume=args.resume)

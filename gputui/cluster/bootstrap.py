@@ -1,0 +1,264 @@
+"""Bootstrapping a slave over SSH/SFTP: Python and torch checks, a venv with this gputui
+installed from a locally built wheel, the dataset (md5-verified), and a marker file.
+
+The marker (gputui version, wheel hash, Python, torch, datasets present) makes a second
+bootstrap one SSH round trip: when it matches, nothing is checked again or copied. The
+venv reuses the slave's own torch (`--system-site-packages`); the wheel is installed with
+`pip install --no-deps --no-index`, so the slave needs no internet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputui import __version__
+from gputui.cluster.sshnode import SlaveConnection, quote_path
+from gputui.cluster.wheel import Wheel
+from gputui.errors import GputuiError, UserError
+from gputui.train.data import STEMS, find_file
+
+MARKER = "marker.json"
+MIN_PYTHON = (3, 10)
+MIN_TORCH = (2, 1)
+
+# Reads versions from package metadata (importing torch would take seconds).
+_PROBE = r"""
+import json, sys
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable}
+try:
+    from importlib import metadata
+except ImportError:
+    metadata = None
+for name in ("torch", "numpy"):
+    try:
+        out[name] = metadata.version(name)
+    except Exception:
+        out[name] = None
+print(json.dumps(out))
+"""
+_MD5 = r"""
+import hashlib, json, os, sys
+out = {}
+for path in sys.argv[1:]:
+    if os.path.isfile(path):
+        h = hashlib.md5()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        out[path] = h.hexdigest()
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A local data directory as the slaves get it: its four files and their md5 sums."""
+
+    directory: Path
+    files: tuple[tuple[str, str], ...]  # (file name, md5)
+
+    @property
+    def digest(self) -> str:
+        text = ";".join(f"{name}={md5}" for name, md5 in self.files)
+        return hashlib.md5(text.encode()).hexdigest()
+
+
+def md5_file(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def local_dataset(directory: Path) -> DataSet:
+    """The four IDX files of `directory` (gzipped or not) with their md5 sums."""
+    paths = [find_file(directory, role) for role in STEMS]
+    return DataSet(directory, tuple((p.name, md5_file(p)) for p in paths))
+
+
+@dataclass
+class Bootstrapped:
+    """A slave ready to train: where things are, what was done, how long it took."""
+
+    name: str
+    base: str  # absolute remote directory
+    python: str
+    torch: str
+    data_dir: str
+    skipped: bool
+    seconds: float = 0.0
+    steps: list[str] = field(default_factory=list)
+
+    @property
+    def venv_python(self) -> str:
+        return f"{self.base}/venv/bin/python"
+
+    def run_dir(self, run_id: str) -> str:
+        return f"{self.base}/runs/{run_id}"
+
+    @property
+    def home(self) -> str:
+        return f"{self.base}/home"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def local_torch_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("torch")
+
+
+def check_compatible(name: str, python_cmd: str, probe: dict[str, Any], master_torch: str) -> None:
+    """UserError naming the slave and the fix if its Python or torch cannot run gputui."""
+    where = f"slave {name}"
+    if not probe.get("python"):
+        raise UserError(f"{where}: no `{python_cmd}` there: install Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]}+ with "
+                        "torch on it, or set [cluster] python to one that has them")
+    if _version_tuple(probe["python"]) < MIN_PYTHON:
+        raise UserError(f"{where}: Python {probe['python']} at {probe.get('executable')} is too old (gputui needs "
+                        f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}+): install a newer one or set [cluster] python")
+    want = ".".join(str(v) for v in _version_tuple(master_torch)[:2])
+    if not probe.get("torch"):
+        raise UserError(f"{where}: torch is not installed for {probe.get('executable')}: install it there "
+                        f"(pip install 'torch=={want}.*', the master has {master_torch}) or set [cluster] python")
+    theirs = _version_tuple(probe["torch"])
+    if theirs[:2] < MIN_TORCH or theirs[:2] != _version_tuple(master_torch)[:2]:
+        raise UserError(f"{where}: torch {probe['torch']} there is incompatible with the master's {master_torch} "
+                        f"(nodes must share torch {want}.x): install 'torch=={want}.*' for {probe.get('executable')}")
+    if not probe.get("numpy"):
+        raise UserError(f"{where}: numpy is not installed for {probe.get('executable')}: pip install numpy there")
+
+
+class Bootstrapper:
+    """Brings slaves to a state where `venv/bin/python -m gputui.cluster.node` can train."""
+
+    def __init__(self, remote_dir: str, python: str, wheel: Wheel, dataset: DataSet, master_torch: str | None = None) -> None:
+        self.remote_dir = remote_dir
+        self.python = python
+        self.wheel = wheel
+        self.dataset = dataset
+        self.master_torch = master_torch or local_torch_version()
+
+    def wanted_marker(self, probe: dict[str, Any]) -> dict[str, Any]:
+        return {"gputui": __version__, "wheel": self.wheel.source_hash, "python": probe.get("executable"),
+                "torch": probe.get("torch"), "master_torch": self.master_torch}
+
+    def bootstrap(self, conn: SlaveConnection) -> Bootstrapped:
+        """Make `conn`'s slave ready; a few round trips when it already is."""
+        t0 = time.perf_counter()
+        base, marker = self._look(conn)
+        if (marker.get("gputui") == __version__ and marker.get("wheel") == self.wheel.source_hash
+                and marker.get("master_torch") == self.master_torch and self.dataset.digest in marker.get("datasets", ())
+                and marker.get("venv_ok")):
+            return Bootstrapped(conn.name, base, marker["python"], marker["torch"],
+                                f"{base}/data/{self.dataset.digest}", True, time.perf_counter() - t0)
+        steps: list[str] = []
+        probe = self._probe(conn)
+        check_compatible(conn.name, self.python, probe, self.master_torch)
+        wanted = self.wanted_marker(probe)
+        same_install = all(marker.get(k) == v for k, v in wanted.items()) and marker.get("venv_ok")
+        if not same_install:
+            self._install(conn, base, probe, steps)
+        data_dir = self._copy_dataset(conn, base, steps)
+        datasets = sorted(set(marker.get("datasets", ())) | {self.dataset.digest}) if same_install else [self.dataset.digest]
+        conn.put_text(json.dumps({**wanted, "venv_ok": True, "datasets": datasets}), f"{base}/{MARKER}")
+        return Bootstrapped(conn.name, base, str(probe["executable"]), str(probe["torch"]), data_dir, False,
+                            time.perf_counter() - t0, steps)
+
+    # -- steps ---------------------------------------------------------------------------
+    def _look(self, conn: SlaveConnection) -> tuple[str, dict[str, Any]]:
+        """Create the base directory; return its absolute path and the marker (or {})."""
+        script = (f"mkdir -p {quote_path(self.remote_dir)} && cd {quote_path(self.remote_dir)} && "
+                  f"mkdir -p runs data wheels home && pwd && cat {MARKER} 2>/dev/null; "
+                  "test -x venv/bin/python || echo '@@novenv'")
+        out = conn.check(script, what=f"creating {self.remote_dir}")
+        lines = out.splitlines()
+        if not lines:
+            raise GputuiError(f"slave {conn.name}: no answer from the shell")
+        base, rest = lines[0].strip(), "\n".join(lines[1:])
+        marker: dict[str, Any] = {}
+        if "@@novenv" not in rest:
+            try:
+                loaded = json.loads(rest.strip() or "{}")
+                marker = loaded if isinstance(loaded, dict) else {}
+            except json.JSONDecodeError:
+                marker = {}
+        return base, marker
+
+    def _probe(self, conn: SlaveConnection) -> dict[str, Any]:
+        py = shlex.quote(self.python)
+        script = f"if command -v {py} >/dev/null 2>&1; then {py} -c {shlex.quote(_PROBE)}; else echo '{{}}'; fi"
+        out = conn.check(script, what=f"checking {self.python}")
+        try:
+            found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        except json.JSONDecodeError:
+            raise GputuiError(f"slave {conn.name}: `{self.python}` gave an unexpected answer: {out.strip()[-200:]}") from None
+        return found if isinstance(found, dict) else {}
+
+    def _install(self, conn: SlaveConnection, base: str, probe: dict[str, Any], steps: list[str]) -> None:
+        venv = f"{base}/venv"
+        q = shlex.quote
+        conn.check(f"test -x {q(venv)}/bin/python || {q(str(probe['executable']))} -m venv --system-site-packages "
+                   f"--without-pip {q(venv)}", what="creating the venv (needs the venv module, e.g. python3-venv)")
+        steps.append("venv")
+        remote_wheel_dir = f"{base}/wheels/{self.wheel.source_hash}"
+        remote_wheel = f"{remote_wheel_dir}/{self.wheel.name}"
+        conn.check(f"mkdir -p {q(remote_wheel_dir)}", what="creating the wheel directory")
+        try:
+            size = conn.sftp().stat(remote_wheel).st_size
+        except OSError:
+            size = None
+        if size != self.wheel.path.stat().st_size:
+            conn.put(self.wheel.path, remote_wheel)
+            steps.append("wheel copied")
+        conn.check(f"{q(venv)}/bin/python -m pip --version >/dev/null 2>&1 || {q(venv)}/bin/python -m ensurepip -q",
+                   what="finding pip for the venv (install python3-pip there)")
+        conn.check(f"{q(venv)}/bin/python -m pip install -q --no-deps --no-index --force-reinstall "
+                   f"--disable-pip-version-check {q(remote_wheel)}", timeout=300, what="installing gputui's wheel")
+        out = conn.check(f"cd {q(base)} && {q(venv)}/bin/python -c "
+                         + q("import gputui, torch, numpy; print(gputui.__version__, gputui.__file__)"),
+                         timeout=120, what="importing gputui and torch in the venv")
+        version, _, where = out.strip().splitlines()[-1].partition(" ")
+        if version != __version__ or not where.startswith(venv):
+            raise GputuiError(f"slave {conn.name}: the venv imports gputui {version} from {where}, not the installed "
+                              f"wheel; remove {venv} there and retry")
+        steps.append(f"gputui {version} installed")
+
+    def _copy_dataset(self, conn: SlaveConnection, base: str, steps: list[str]) -> str:
+        data_dir = f"{base}/data/{self.dataset.digest}"
+        conn.check(f"mkdir -p {shlex.quote(data_dir)}", what="creating the data directory")
+        remote = {name: f"{data_dir}/{name}" for name, _ in self.dataset.files}
+        have = self._remote_md5(conn, list(remote.values()))
+        copied = []
+        for name, md5 in self.dataset.files:
+            if have.get(remote[name]) != md5:
+                conn.put(self.dataset.directory / name, remote[name])
+                copied.append(name)
+        if copied:
+            check = self._remote_md5(conn, [remote[n] for n in copied])
+            bad = [n for n, md5 in self.dataset.files if n in copied and check.get(remote[n]) != md5]
+            if bad:
+                raise GputuiError(f"slave {conn.name}: {bad[0]} arrived damaged (md5 mismatch); check its disk and retry")
+            steps.append(f"dataset copied ({len(copied)} file(s), md5 verified)")
+        return data_dir
+
+    def _remote_md5(self, conn: SlaveConnection, paths: list[str]) -> dict[str, str]:
+        py = shlex.quote(self.python)
+        out = conn.check(f"{py} -c {shlex.quote(_MD5)} " + " ".join(shlex.quote(p) for p in paths),
+                         timeout=120, what="checking the dataset's md5 sums")
+        found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        return {str(k): str(v) for k, v in found.items()}

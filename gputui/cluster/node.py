@@ -1,0 +1,109 @@
+"""Runs on every node of a cluster run: torchrun under a supervisor that dies with its channel.
+
+    python -m gputui.cluster.node [--spot-watcher] -- TORCHRUN-ARGS...
+
+The master starts this over an SSH exec channel (or as a local subprocess for its own
+node) and keeps the channel's stdin open. torchrun runs in its own process group; its
+output (stderr merged) is relayed line by line to stdout, where the master reads rank 0's
+events. When stdin reaches EOF (the master closed the channel, stopped, or died) or this
+process gets SIGTERM/SIGHUP, the whole group gets SIGTERM (workers checkpoint), then
+SIGKILL after a grace period: nothing is left running on the node. With
+`--spot-watcher`, gputui's spot-interruption watcher watches torchrun too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence
+
+from gputui.train.distributed import _die_with_parent
+
+NODE_TAG = "@@gputui-node "
+GRACE_S = 20.0  # torchrun's workers checkpoint on SIGTERM; then SIGKILL
+
+
+class Group:
+    """torchrun's process group, stopped at most once (SIGTERM, grace, SIGKILL)."""
+
+    def __init__(self, proc: "subprocess.Popen[bytes]") -> None:
+        self.proc = proc
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        with self._lock:
+            if self.stopping:
+                return
+            self.stopping = True
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _watch_stdin(group: Group) -> None:
+    """EOF on stdin: the master is gone or done with us."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    threading.Thread(target=group.stop, name="gputui-node-stop", daemon=True).start()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gputui.cluster.node")
+    parser.add_argument("--spot-watcher", action="store_true", help="also run gputui's spot-interruption watcher")
+    parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("torchrun", nargs=argparse.REMAINDER, help="-- then torchrun's arguments")
+    args = parser.parse_args(argv)
+    torchrun_args = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        preexec_fn=_die_with_parent,  # its own session; SIGTERM if this supervisor is killed
+    )
+    group = Group(proc)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda _s, _f: threading.Thread(target=group.stop, args=(args.grace,), daemon=True).start())
+    threading.Thread(target=_watch_stdin, args=(group,), name="gputui-node-stdin", daemon=True).start()
+    watcher = None
+    if args.spot_watcher:
+        watcher = subprocess.Popen([sys.executable, "-m", "gputui.cloud.watcher", "--pid", str(proc.pid)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    out = sys.stdout.buffer
+    try:
+        out.write((NODE_TAG + json.dumps({"pid": os.getpid(), "pgid": proc.pid, "host": os.uname().nodename,
+                                          "watcher": watcher.pid if watcher else None}) + "\n").encode())
+        out.flush()
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            out.write(line)
+            out.flush()
+    except (BrokenPipeError, OSError):  # the channel is gone: stop the trainers
+        group.stop(args.grace)
+    code = proc.wait()
+    if watcher is not None and watcher.poll() is None:
+        watcher.terminate()
+        watcher.wait()
+    group._signal(signal.SIGKILL)  # stragglers of the group (none when torchrun cleaned up)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

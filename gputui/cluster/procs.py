@@ -1,0 +1,159 @@
+"""The master's handle on one node's torchrun: a local subprocess or an SSH exec channel.
+
+Both run `python -m gputui.cluster.node -- TORCHRUN-ARGS` and feed every output line, then
+the exit code, into one queue read by the master. `stop()` closes the node's stdin (the
+supervisor SIGTERMs torchrun: the workers checkpoint); `kill()` drops it outright.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shlex
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gputui.cluster.sshnode import SlaveConnection
+
+# (node name, "line" | "exit", text or exit code)
+Item = tuple[str, str, Any]
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where and how the nodes of one launch meet (torchrun's c10d rendezvous)."""
+
+    endpoint: str  # host:port of the store the master serves
+    rdzv_id: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    max_restarts: int
+    join_timeout: float
+    last_call_timeout: float = 3.0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def torchrun_args(self, local_addr: str, run_dir: str, node: str) -> list[str]:
+        conf = f"is_host=0,join_timeout={int(self.join_timeout)},last_call_timeout={int(self.last_call_timeout)}"
+        return [
+            f"--nnodes={self.min_nodes}:{self.max_nodes}", f"--nproc-per-node={self.nproc_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.rdzv_id}",
+            f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={self.max_restarts}",
+            "--monitor-interval=0.5",
+            "-m", "gputui.cluster.worker", "--gputui-run-dir", run_dir, "--gputui-node", node,
+        ]
+
+
+class NodeProc:
+    """A running node; subclasses start it and feed `items`."""
+
+    def __init__(self, name: str, items: "queue.Queue[Item]") -> None:
+        self.name = name
+        self.items = items
+        self.tail: deque[str] = deque(maxlen=40)
+        self.exit_code: int | None = None
+        self.log_path: Path | None = None
+
+    def _emit_line(self, line: str) -> None:
+        self.items.put((self.name, "line", line))
+
+    def last_error(self) -> str:
+        lines = [ln for ln in self.tail if ln.strip()]
+        errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+        return (errors or lines or ["no output"])[-1].strip()[:200]
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+
+class LocalNode(NodeProc):
+    """The master's own node: the supervisor as a child process (it dies with the master)."""
+
+    def __init__(self, name: str, items: "queue.Queue[Item]", args: Sequence[str], env: Mapping[str, str], grace_s: float) -> None:
+        super().__init__(name, items)
+        from gputui.train.distributed import _die_with_parent
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gputui.cluster.node", "--grace", repr(grace_s), "--", *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
+        )
+        threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self._emit_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        self.exit_code = self.proc.wait()
+        self.items.put((self.name, "exit", self.exit_code))
+
+    def stop(self) -> None:
+        try:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        self.stop()
+        if self.proc.poll() is None:
+            import signal
+
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the supervisor leads its own session
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.kill()
+
+
+class RemoteNode(NodeProc):
+    """A slave's node over an SSH exec channel; closing the channel stops it there."""
+
+    def __init__(self, name: str, items: "queue.Queue[Item]", conn: SlaveConnection, venv_python: str, cwd: str,
+                 args: Sequence[str], env: Mapping[str, str], grace_s: float, spot_watcher: bool) -> None:
+        super().__init__(name, items)
+        self.conn = conn
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items())
+        flags = ["--grace", repr(grace_s)] + (["--spot-watcher"] if spot_watcher else [])
+        command = (f"cd {shlex.quote(cwd)} && exec env {exports} {shlex.quote(venv_python)} -m gputui.cluster.node "
+                   + " ".join(shlex.quote(a) for a in [*flags, "--", *args]))
+        self.channel = conn.open(command)
+        threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
+
+    def _read(self) -> None:
+        buffer = b""
+        try:
+            while True:
+                data = self.channel.recv(65536)
+                if not data:
+                    break
+                buffer += data
+                *lines, buffer = buffer.split(b"\n")
+                for raw in lines:
+                    self._emit_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
+            if buffer:
+                self._emit_line(buffer.decode("utf-8", errors="replace"))
+            self.exit_code = self.channel.recv_exit_status() if self.channel.status_event.wait(10) else -1
+        except Exception:  # noqa: BLE001 - a dead connection is an exit like any other
+            self.exit_code = -1
+        self.items.put((self.name, "exit", self.exit_code))
+
+    def stop(self) -> None:
+        try:
+            self.channel.shutdown_write()
+        except Exception:  # noqa: BLE001 - already closed
+            pass
+
+    def kill(self) -> None:
+        try:
+            self.channel.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,147 @@
+"""One slave's SSH connection for the cluster: commands, a streamed command, SFTP.
+
+Built on the telemetry's SshHost (same ~/.ssh/config handling, verified host keys, one-line
+failure reasons); paramiko is imported lazily. Connection failures become one-line errors
+naming the slave and the fix: a wrong key or an unknown host key is a UserError (exit 2),
+an unreachable slave a GputuiError (exit 1).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from typing import Any, Callable
+
+from gputui.errors import GputuiError, UserError
+from gputui.hosts import HostSpec
+from gputui.model.telemetry import HostState
+from gputui.sources.hostkeys import SshOptions
+from gputui.sources.ssh import CommandTimeout, SshHost
+
+_USER_STATES = (HostState.AUTH_FAILED, HostState.HOST_KEY_UNKNOWN, HostState.HOST_KEY_MISMATCH)
+
+
+def quote_path(path: str) -> str:
+    """A shell word for a remote path; a leading '~/' stays the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+class SlaveConnection(SshHost):
+    """A connected slave: `check` runs a command that must succeed, `open` streams one, `sftp` copies."""
+
+    def __init__(self, spec: HostSpec, options: SshOptions | None = None) -> None:
+        super().__init__(spec, options or SshOptions())
+        self._sftp: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def address(self) -> str:
+        """The address the slave is reached on (also what its torchrun advertises)."""
+        return self.target.hostname
+
+    def local_address(self) -> str | None:
+        """This machine's address on the connection to the slave (how the slave sees the master)."""
+        transport = self._client.get_transport() if self._client is not None else None
+        try:
+            return str(transport.sock.getsockname()[0]) if transport is not None else None
+        except (OSError, AttributeError):
+            return None
+
+    def open_or_raise(self, wait_s: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> "SlaveConnection":
+        """Connect; with `wait_s`, keep trying an unreachable slave (a booting one) that long."""
+        deadline = time.monotonic() + wait_s
+        delay = 1.0
+        while not self.connect():
+            failure = self.failure
+            assert failure is not None
+            if failure.state not in _USER_STATES and time.monotonic() + delay < deadline:
+                sleep(delay)
+                delay = min(delay * 1.6, 10.0)
+                continue
+            error = UserError if failure.state in _USER_STATES else GputuiError
+            raise error(f"slave {self.name} ({self.target.label()}): {failure.line()}")
+        return self
+
+    def check(self, command: str, timeout: float = 60.0, what: str = "command") -> str:
+        """Run `command`; its stdout, or a GputuiError naming the slave with its last error line."""
+        try:
+            status, out, err = self.run(command, timeout=timeout)
+        except CommandTimeout:
+            raise GputuiError(f"slave {self.name}: {what} gave no answer within {timeout:g} s") from None
+        except Exception as exc:  # noqa: BLE001 - a dropped connection is the slave's failure
+            raise GputuiError(f"slave {self.name}: connection lost during {what} ({exc or type(exc).__name__})") from None
+        if status != 0:
+            lines = [ln for ln in (err + "\n" + out).splitlines() if ln.strip()]
+            raise GputuiError(f"slave {self.name}: {what} failed (exit {status}): {(lines or ['no output'])[-1][:200]}")
+        return out
+
+    def open(self, command: str) -> Any:
+        """Start `command` on a new channel and return it (stdin open; stderr merged into stdout)."""
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is None or not transport.is_active():
+            raise GputuiError(f"slave {self.name}: not connected")
+        channel = transport.open_session(timeout=self.spec.connect_timeout)
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        return channel
+
+    def sftp(self) -> Any:
+        if self._sftp is None:
+            if self._client is None:
+                raise GputuiError(f"slave {self.name}: not connected")
+            try:
+                self._sftp = self._client.open_sftp()
+            except Exception as exc:  # noqa: BLE001
+                raise GputuiError(f"slave {self.name}: SFTP is not available ({exc}); enable the sftp "
+                                  "Subsystem in its sshd_config") from None
+        return self._sftp
+
+    def put(self, local: "os.PathLike[str] | str", remote: str) -> None:
+        """Copy a file to an absolute remote path, atomically (temporary name, then rename)."""
+        sftp = self.sftp()
+        tmp = f"{remote}.part{os.getpid()}"
+        try:
+            sftp.put(os.fspath(local), tmp)
+            sftp.posix_rename(tmp, remote)
+        except OSError as exc:
+            raise GputuiError(f"slave {self.name}: cannot copy {local} to {remote}: {exc}") from None
+
+    def put_text(self, text: str, remote: str) -> None:
+        sftp = self.sftp()
+        tmp = f"{remote}.part{os.getpid()}"
+        try:
+            with sftp.open(tmp, "w") as fh:
+                fh.write(text.encode("utf-8"))
+            sftp.posix_rename(tmp, remote)
+        except OSError as exc:
+            raise GputuiError(f"slave {self.name}: cannot write {remote}: {exc}") from None
+
+    def get(self, remote: str, local: "os.PathLike[str] | str") -> bool:
+        """Copy a remote file here atomically; False if it does not exist there."""
+        local = os.fspath(local)
+        tmp = f"{local}.part"
+        try:
+            self.sftp().get(remote, tmp)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise GputuiError(f"slave {self.name}: cannot fetch {remote}: {exc}") from None
+        os.replace(tmp, local)
+        return True
+
+    def close(self) -> None:
+        sftp, self._sftp = self._sftp, None
+        if sftp is not None:
+            try:
+                sftp.close()
+            except Exception:  # noqa: BLE001 - closing a dead channel
+                pass
+        super().close()

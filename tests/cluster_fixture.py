@@ -1,0 +1,102 @@
+"""Cluster "nodes" on one machine: one OpenSSH sshd per loopback address (127.0.0.2, ...).
+
+Each node has its own HOME (so its gputui venv, data and run directories are its own), the
+sftp subsystem, and this interpreter's directory first on PATH (the slaves' python3 is the
+one with torch). Profiles for the tests are written by `cluster_profile`. `leftovers`
+lists processes of a cluster run still alive (the tests assert there are none).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+from .sshd_fixture import SSHD, Sshd, SshdFactory, free_port
+
+PYTHON_DIR = str(Path(sys.executable).parent)
+SFTP = ("Subsystem sftp internal-sftp",)
+
+
+class ClusterNodes(SshdFactory):
+    """sshd servers on 127.0.0.2, 127.0.0.3, ... sharing host and user keys."""
+
+    def node(self, index: int, path: str | None = None, fixture: str | None = None) -> Sshd:
+        """The node at 127.0.0.(index + 2) with its own HOME (`path`: its PATH)."""
+        root = self.root / f"node{len(self.servers)}"
+        root.mkdir()
+        server = Sshd(root, [free_port()], self.host_key, self.user_key, fixture,
+                      address=f"127.0.0.{index + 2}", path=path or f"{PYTHON_DIR}:/usr/local/bin:/usr/bin:/bin",
+                      extra_config=SFTP, home=root / "home")
+        self.servers.append(server)
+        return server.start()
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNodes]:
+    if not Path(SSHD).exists():
+        pytest.fail("OpenSSH's sshd is needed (apt-get install openssh-server; .ci/run does it)")
+    factory = ClusterNodes(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield factory
+    finally:
+        factory.stop()
+
+
+def trust(home: Path, *servers: Sshd) -> None:
+    """Record the servers' host keys in gputui's known_hosts under GPUTUI_HOME."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "known_hosts", "a", encoding="ascii") as fh:
+        for server in servers:
+            fh.write(server.known_hosts_line())
+
+
+def cluster_profile(path: Path, servers: list[Sshd], key: Path, run: dict[str, Any] | None = None,
+                    **cluster: Any) -> Path:
+    """A profile with one [[hosts]] per server and a [cluster] using them all."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f'"{v}"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = ["[run]"] + [f"{k} = {value(v)}" for k, v in (run or {}).items()]
+    for i, server in enumerate(servers):
+        lines += ["", "[[hosts]]", f'name = "n{i}"', f'address = "{server.address}"', f"port = {server.port}",
+                  'user = "root"', f'identity_file = "{key}"']
+    cluster.setdefault("hosts", [f"n{i}" for i in range(len(servers))])
+    cluster.setdefault("rdzv_port", 0)
+    cluster.setdefault("socket_ifname", "lo")
+    lines += ["", "[cluster]"] + [f"{k} = {value(v)}" for k, v in cluster.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of live processes mentioning `marker` (a run id or directory)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if marker in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(cmd)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_no_leftovers(marker: str, timeout: float = 30.0) -> list[str]:
+    """Leftover processes after up to `timeout` seconds (stopping takes a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = leftovers(marker)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
