@@ -1,0 +1,41 @@
+"""`gputui` (no subcommand) and `gputui ui`: the dashboard. Textual loads only here, lazily."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_flags(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    """--profile and --demo, on `gputui` itself and on `gputui ui`."""
+    # A subcommand's defaults would overwrite the top level's values: it sets none (SUPPRESS).
+    default: Any = None if top_level else argparse.SUPPRESS
+    parser.add_argument("--profile", dest="ui_profile", type=Path, default=default, metavar="FILE",
+                        help="dashboard: profile to open (default: profiles/local.toml)")
+    parser.add_argument("--demo", action="store_true", default=False if top_level else argparse.SUPPRESS,
+                        help="dashboard: simulated hosts, GPUs, spot slaves and prices; real training on this CPU")
+
+
+def register(subparsers: Any) -> None:
+    ui = subparsers.add_parser("ui", help="the dashboard (also: gputui with no command)",
+                               description="Live GPUs and hosts, training curves, cost and one-key slave control.")
+    add_flags(ui, top_level=False)
+    ui.set_defaults(handler=cmd_ui)
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from gputui.dashboard.setup import Backend, DashboardOptions, check_options, resolve_profile
+
+    options = DashboardOptions(profile=resolve_profile(getattr(args, "ui_profile", None)),
+                               demo=bool(getattr(args, "demo", False)))
+    check_options(options)
+    from gputui.ui.app import create_app
+
+    app = create_app(Backend(options))
+    try:
+        app.run()
+    finally:
+        if app.child is not None:
+            app.child.shutdown()  # never leave the training child behind, however the app ended
+    return int(app.return_code or 0)

@@ -1,0 +1,57 @@
+"""The hosts panel's data: one polling round plus each GPU's recent utilisation, as a frozen frame.
+
+`HostFeed.poll()` blocks (NVML, SSH): the dashboard calls it from a worker thread, and
+only one at a time, so the history it keeps is never touched by two threads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from gputui.model.telemetry import HostSnapshot, TelemetryHistory
+
+SPARK_LEN = 60  # samples of utilisation kept per GPU for the sparklines
+
+
+@dataclass(frozen=True)
+class HostsFrame:
+    """One round: every host's snapshot and, per (host, GPU index), utilisation oldest first."""
+
+    time: float
+    hosts: tuple[HostSnapshot, ...]
+    util: Mapping[tuple[str, int], tuple[float | None, ...]] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(h.gpus) for h in self.hosts)
+
+
+class HostFeed:
+    """Polls a telemetry source (Telemetry, SimSource, ReplaySource) and keeps the histories."""
+
+    def __init__(self, source: Any, clock: Callable[[], float] = time.time, spark_len: int = SPARK_LEN) -> None:
+        self.source = source
+        self.clock = clock
+        self.history = TelemetryHistory(maxlen=spark_len)
+
+    def poll(self) -> HostsFrame:
+        from gputui.monitoring import poll_round
+
+        started = time.monotonic()
+        hosts = poll_round(self.source)
+        self.history.update(hosts)
+        util = {(h.name, g.index): tuple(self.history.gpu(h.name, g.index, "util_pct").values())
+                for h in hosts for g in h.gpus}
+        return HostsFrame(self.clock(), tuple(hosts), util, time.monotonic() - started)
+
+    def training(self, active: bool) -> None:
+        """Tell a simulation whether our run is active (its first host then works hard)."""
+        set_active = getattr(self.source, "set_active", None)
+        if set_active is not None:
+            set_active(0, active)
+
+    def close(self) -> None:
+        self.source.close()

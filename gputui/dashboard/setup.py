@@ -1,0 +1,154 @@
+"""What a dashboard session is made of, from its options: the telemetry source, the cloud
+(real or simulated), the training child's command line. No Textual, no torch.
+
+`--demo` swaps everything that needs hardware or an account for the simulations
+(gputui.sources.sim, gputui.cloud.sim) while the training stays real: the seed network
+on this machine's CPU with the bundled MNIST.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gputui.dashboard.child import TrainingChild, run_argv
+from gputui.dashboard.hosts import HostFeed
+from gputui.dashboard.slaves import SlaveControl, SlaveLine
+from gputui.errors import UserError
+from gputui.model.cloud import CloudEvent
+from gputui.paths import data_home, profiles_dir
+
+DEMO_BUDGET_USD = 2.0
+DEMO_SSH_CIDR = "198.51.100.7/32"  # a documentation network: the simulated cloud opens nothing
+DEMO_AMI = "ami-0123456789abcdef0"
+
+
+@dataclass(frozen=True)
+class DashboardOptions:
+    """How the dashboard was asked to run."""
+
+    profile: Path
+    demo: bool = False
+    sim_hosts: int = 3
+    sim_gpus: int = 4
+    seed: int = 0
+    host_interval_s: float = 1.0
+    cloud_interval_s: float | None = None  # default: 1 s on the simulated cloud, 15 s on EC2
+    train_args: tuple[str, ...] = ()  # extra `gputui run` flags for new runs (tests: a small data set)
+
+    @property
+    def cloud_interval(self) -> float:
+        if self.cloud_interval_s is not None:
+            return self.cloud_interval_s
+        return 1.0 if self.demo else 15.0
+
+
+def resolve_profile(path: Path | None) -> Path:
+    """The profile to open (default: profiles/local.toml), checked now: a bad one is exit 2."""
+    from gputui.profiles import load_profile
+
+    if path is None:
+        path = profiles_dir() / "local.toml"
+    path = path.expanduser()
+    load_profile(path)
+    return path.resolve()
+
+
+def list_profiles(current: Path | None = None) -> list[Path]:
+    """The profiles that ship in profiles/ (and the current one, wherever it is)."""
+    found = sorted(p.resolve() for p in profiles_dir().glob("*.toml")) if profiles_dir().is_dir() else []
+    if current is not None and current.resolve() not in found:
+        found.insert(0, current.resolve())
+    return found
+
+
+def demo_public_key() -> Path:
+    """A public-key line for the simulated cloud's key pair (no private key exists for it)."""
+    path = data_home() / "demo" / "demo_ed25519.pub"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + hashlib.sha256(b"gputui demo").digest())
+        path.write_text(f"ssh-ed25519 {body.decode()} gputui-demo (simulated cloud only)\n", encoding="utf-8")
+    return path
+
+
+class Backend:
+    """Builds the parts of a session. Tests pass their own source, provider and clock."""
+
+    def __init__(self, options: DashboardOptions, clock: Callable[[], float] = time.time,
+                 host_source: Any = None, provider: Any = None) -> None:
+        self.options = options
+        self.clock = clock
+        self._host_source = host_source
+        self._provider = provider
+
+    def with_profile(self, profile: Path) -> "Backend":
+        return Backend(replace(self.options, profile=profile), self.clock, self._host_source, self._provider)
+
+    @property
+    def profile(self) -> Path:
+        return self.options.profile
+
+    def host_feed(self, slaves: Callable[[], Sequence[SlaveLine]] = tuple) -> HostFeed:
+        """The telemetry feed (blocks: NVML and SSH start here). `slaves`: the demo shows them as hosts."""
+        o = self.options
+        if self._host_source is not None:
+            source = self._host_source
+        elif o.demo:
+            from gputui.dashboard.demo import DemoSource
+            from gputui.sources.sim import SimSource
+
+            sim = SimSource(hosts=o.sim_hosts, gpus=o.sim_gpus, seed=o.seed, clock=self.clock)
+            source = DemoSource(sim, slaves, o.seed, self.clock)
+        else:
+            from gputui.monitoring import TelemetryRequest, build_source
+
+            source = build_source(TelemetryRequest(profile=o.profile))
+        return HostFeed(source, clock=self.clock)
+
+    def cloud_settings(self) -> Any:
+        """The [cloud] settings, or None when the profile has none (and this is no demo)."""
+        from gputui.cloud.settings import CloudSettings, load_cloud_settings
+        from gputui.profiles import load_profile
+
+        has_cloud = "cloud" in load_profile(self.profile).tables
+        if not has_cloud and not self.options.demo:
+            return None
+        settings = load_cloud_settings(self.profile) if has_cloud else CloudSettings(budget_usd=DEMO_BUDGET_USD, ami=DEMO_AMI)
+        if self.options.demo:
+            settings = replace(settings, public_key=str(demo_public_key()), ssh_cidr=settings.ssh_cidr or DEMO_SSH_CIDR)
+        return settings
+
+    def slaves(self, say: Callable[[str], None], listener: Callable[[CloudEvent], None]) -> SlaveControl | None:
+        """The cluster's slaves (blocks: opens the ledger, maybe boto3); None without [cloud]."""
+        from gputui.cloud.ledger import Ledger
+        from gputui.cloud.lifecycle import CloudContext
+        from gputui.cloud.provider import check_cluster_name, default_owner, make_provider
+
+        settings = self.cloud_settings()
+        if settings is None:
+            return None
+        provider = self._provider
+        if provider is None:
+            provider = make_provider("sim" if self.options.demo else None, settings.region)
+        cluster = check_cluster_name("demo" if self.options.demo else self.profile.stem)
+        ctx = CloudContext(settings, provider, Ledger(), cluster, default_owner(), clock=self.clock, listener=listener)
+        return SlaveControl(ctx, self.options.cloud_interval, say)
+
+    def training_argv(self, resume: bool) -> list[str]:
+        extra = [] if resume else list(self.options.train_args)  # a resumed run keeps its own settings
+        if self.options.demo:
+            extra = ["--device", "cpu"] + ([] if resume else ["--evals-per-epoch", "4"]) + extra
+        return run_argv(None if resume else self.profile, resume, extra)
+
+    def training_child(self, resume: bool) -> TrainingChild:
+        return TrainingChild(self.training_argv(resume))
+
+
+def check_options(options: DashboardOptions) -> None:
+    if not 1 <= options.sim_hosts <= 64 or not 0 <= options.sim_gpus <= 16:
+        raise UserError("the demo simulates 1 to 64 hosts of 0 to 16 GPUs")

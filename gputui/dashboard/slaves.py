@@ -1,0 +1,152 @@
+"""Slaves from the dashboard: one poll gives the cost frame (spent, $/h, budget, a line per
+slave); one keystroke launches one more spot slave or terminates some. Every method here
+blocks on the cloud: the dashboard calls them from worker threads.
+
+Built on gputui.cloud (the provider contract, the ledger, the budget guard); the same
+rules as `gputui cloud up`: a launch that would break the budget is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from gputui.cloud.budget import BudgetGuard
+from gputui.cloud.fleet import fleet
+from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate
+from gputui.cloud.pricing import PriceBook
+from gputui.errors import GputuiError, UserError
+from gputui.model.cloud import BudgetStatus, hours_left, projection
+
+
+class BudgetRefusal(UserError):
+    """A launch refused because it would break the budget."""
+
+
+@dataclass(frozen=True)
+class SlaveLine:
+    """One slave in the cost panel."""
+
+    instance_id: str
+    instance_type: str
+    zone: str
+    state: str
+    lifecycle: str
+    launched: float
+    usd_per_hour: float | None
+    cost_usd: float | None
+    orphan: bool = False
+
+    def uptime_s(self, now: float) -> float:
+        return max(0.0, now - self.launched)
+
+
+@dataclass(frozen=True)
+class CostFrame:
+    """The cost panel at one moment."""
+
+    time: float
+    cluster: str
+    provider: str
+    region: str
+    instance_type: str
+    budget: BudgetStatus
+    usd_per_hour: float  # what the running slaves cost per hour now
+    slaves: tuple[SlaveLine, ...] = ()
+
+    @property
+    def live(self) -> tuple[SlaveLine, ...]:
+        """Slaves not yet on their way out."""
+        return tuple(s for s in self.slaves if s.state in ("pending", "running", "stopping", "stopped"))
+
+    def projected(self, eta_s: float | None) -> float | None:
+        """Spend when the run ends at the current rate (None without a run to project to)."""
+        if eta_s is None:
+            return None
+        return projection(self.budget.spent_usd, self.usd_per_hour, eta_s / 3600.0)
+
+
+def money(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"${value:,.{digits}f}"
+
+
+class SlaveControl:
+    """The dashboard's handle on one cluster's slaves."""
+
+    def __init__(self, ctx: CloudContext, interval_s: float, say: Callable[[str], None] = lambda m: None) -> None:
+        self.ctx = ctx
+        self.interval_s = interval_s
+        self.say = say
+        self.book = PriceBook(ctx.price_source, clock=ctx.clock)
+        checkpoint = None
+        if ctx.provider.name == "ec2":
+            from gputui.cloud.remote import ssh_checkpointer
+
+            checkpoint = ssh_checkpointer(ctx.settings.ssh_user)
+        self.guard = BudgetGuard(ctx, interval_s, checkpoint)
+        self._launching = threading.Lock()  # one launch at a time, so each sees the others' cost
+
+    def poll(self) -> CostFrame:
+        """Reconcile with the cloud, let the budget guard act, and return the panel's frame."""
+        ctx = self.ctx
+        entries, _events = fleet(ctx, self.book)
+        self.guard.check()
+        now = ctx.clock()
+        records = {r.instance_id: r for r in ctx.ledger.instances(ctx.provider.name, ctx.provider.region, cluster=ctx.cluster)}
+        lines = []
+        for entry in entries:
+            info = entry.instance
+            if info.instance_id not in records and entry.known:
+                continue  # another cluster's slave
+            rec = records.get(info.instance_id)
+            rate = rec.hourly_price if rec is not None and rec.running else entry.usd_per_hour
+            lines.append(SlaveLine(info.instance_id, info.instance_type, info.zone, info.state, info.lifecycle,
+                                   info.launched, rate, rec.cost(now) if rec is not None else entry.cost_usd, entry.orphan))
+        running = [r for r in records.values() if r.running]
+        return CostFrame(now, ctx.cluster, ctx.provider.name, ctx.provider.region, ctx.settings.instance_type,
+                         self.guard.status(now), sum(r.hourly_price for r in running), tuple(lines))
+
+    def launch_one(self) -> list[str]:
+        """Launch one more slave now, the cheapest spot zone first. Returns the ids started.
+
+        Says the price and the budget effect first; raises BudgetRefusal if the launch would
+        break the budget (spent plus committed, with the new slave's first billing minute).
+        """
+        ctx, s = self.ctx, self.ctx.settings
+        with self._launching:
+            plan = plan_launch(ctx, 1)
+            rate = plan.first_rate or 0.0
+            status = self.guard.status(extra_committed=rate * max(60.0, self.interval_s) / 3600.0)
+            if status.level == "stop":
+                raise BudgetRefusal(f"launch refused: 1 x {s.instance_type} at {money(rate)}/h would break the "
+                                    f"{money(s.budget_usd, 2)} budget ({money(status.spent_usd)} spent, "
+                                    f"{money(status.committed_usd)} committed); raise budget_usd in the profile")
+            zone, market = plan.attempts[0]
+            running = sum(r.hourly_price for r in self.guard.running())
+            left = hours_left(s.budget_usd, status.spent_usd, running + rate)
+            lasts = f"the budget lasts {left:.1f} h at that rate" if left is not None else ""
+            self.say(f"launching 1 x {s.instance_type} {market} in {zone} at {money(rate)}/h: fleet "
+                     f"{money(running, 2)}/h -> {money(running + rate, 2)}/h; {money(status.spent_usd)} of "
+                     f"{money(s.budget_usd, 2)} spent, {lasts}")
+            result = launch(ctx, plan)
+        if not result.instances:
+            tried = "; ".join(f"{a.zone} {a.lifecycle}: {a.error_code}" for a in result.attempts)
+            raise GputuiError(f"no slave launched ({tried})")
+        return [i.instance_id for i in result.instances]
+
+    def terminate(self, ids: Sequence[str]) -> int:
+        """Terminate these slaves now (waits until each is shutting down); returns how many."""
+        p = self.ctx.provider
+        targets = [i for i in p.describe(list(ids)) if i.live]
+        if targets:
+            terminate(self.ctx, targets, ended_by="user")
+        return len(targets)
+
+    def terminate_all(self) -> int:
+        """Terminate every running slave of the cluster, after any launch in progress has finished."""
+        with self._launching:
+            return self.terminate([r.instance_id for r in self.guard.running()])
+
+    def close(self) -> None:
+        self.ctx.ledger.close()

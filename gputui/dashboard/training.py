@@ -1,0 +1,144 @@
+"""A training run as the dashboard sees it: `gputui run --json` events folded into one
+frozen state (progress, rates, ETA, best accuracy, the loss and accuracy curves).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping
+
+MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
+ACTIVE = ("starting", "running", "stopping")
+
+
+def _capped(points: tuple[tuple[float, float], ...], point: tuple[float, float]) -> tuple[tuple[float, float], ...]:
+    out = points + (point,)
+    if len(out) > MAX_POINTS:
+        half = len(out) // 2
+        out = out[:half:2] + out[half:]
+    return out
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """Where the dashboard's run stands. None = not known yet (shown as "n/a")."""
+
+    status: str = "idle"  # idle, starting, running, stopping, done, interrupted, stopped, failed
+    run_id: str | None = None
+    run_dir: str | None = None
+    model: str | None = None
+    device: str | None = None
+    strategy: str | None = None
+    world_size: int | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
+    resumed_from_step: int | None = None
+    epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    elapsed_s: float | None = None
+    test_acc: float | None = None
+    best_acc: float | None = None
+    loss_points: tuple[tuple[float, float], ...] = ()  # (step, loss)
+    acc_points: tuple[tuple[float, float], ...] = ()  # (step, test accuracy %)
+    error: str | None = None  # the last error line of a failed run
+    exit_code: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def steps_per_s(self) -> float | None:
+        if self.samples_per_s and self.batch_size:
+            return self.samples_per_s / self.batch_size
+        return None
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds of training left at the current rate (evaluation not counted)."""
+        rate = self.steps_per_s
+        if not self.active or rate is None or self.total_steps is None or self.step is None:
+            return None
+        return max(0.0, (self.total_steps - self.step) / rate)
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total_steps or self.step is None:
+            return None
+        return min(1.0, self.step / self.total_steps)
+
+    def fold(self, event: Mapping[str, Any]) -> "TrainingState":
+        """This state after one event of `gputui run --json` (unknown events change nothing)."""
+        kind = event.get("event")
+        if kind == "start":
+            resumed = event.get("resumed_from_step")
+            same_run = resumed is not None and event.get("run_id") == self.run_id
+            return replace(
+                self if same_run else TrainingState(),
+                status="running", run_id=event.get("run_id"), run_dir=event.get("run_dir"),
+                model=event.get("model"), device=event.get("device"), strategy=event.get("strategy"),
+                world_size=event.get("world_size"), epochs=event.get("epochs"), batch_size=event.get("batch_size"),
+                steps_per_epoch=event.get("steps_per_epoch"), total_steps=event.get("total_steps"),
+                resumed_from_step=resumed, step=resumed or 0, error=None, exit_code=None,
+                epoch=self.epoch if same_run else 1,
+            )
+        if kind == "step":
+            loss = event.get("loss")
+            points = self.loss_points if loss is None else _capped(self.loss_points, (event["step"], loss))
+            return replace(self, epoch=event.get("epoch"), step=event.get("step"), loss=loss,
+                           samples_per_s=event.get("samples_per_s"), elapsed_s=event.get("elapsed_s"),
+                           loss_points=points)
+        if kind in ("eval", "epoch"):
+            acc = event.get("test_acc")
+            best = self.best_acc if acc is None else max(acc, self.best_acc or acc)
+            points = self.acc_points if acc is None else _capped(self.acc_points, (event["step"], acc))
+            return replace(self, epoch=event.get("epoch"), step=event.get("step"), test_acc=acc, best_acc=best,
+                           elapsed_s=event.get("elapsed_s", self.elapsed_s), acc_points=points)
+        if kind == "interrupted":
+            return replace(self, status="interrupted", step=event.get("step", self.step), epoch=event.get("epoch", self.epoch))
+        if kind == "done":
+            return replace(self, status="done", step=event.get("step", self.step), best_acc=event.get("best_acc", self.best_acc),
+                           test_acc=event.get("test_acc", self.test_acc), elapsed_s=event.get("elapsed_s", self.elapsed_s))
+        return self
+
+    def replay(self, events: Iterable[Mapping[str, Any]]) -> "TrainingState":
+        """Fold many events (a run directory's events.jsonl)."""
+        state = self
+        for event in events:
+            state = state.fold(event)
+        return state
+
+    def exited(self, code: int, error: str | None, stop_requested: bool = False) -> "TrainingState":
+        """The child process ended: a run that had not said done or interrupted failed.
+
+        Stopped (SIGTERM) before the trainer caught signals, a run ends with -15 and no
+        checkpoint: that is "stopped", not a failure.
+        """
+        if self.status in ("done", "interrupted") and code == 0:
+            return replace(self, exit_code=code)
+        if stop_requested and code in (0, -signal.SIGTERM):
+            return replace(self, status="interrupted" if code == 0 else "stopped", exit_code=code)
+        return replace(self, status="failed", exit_code=code, error=error or f"exited with code {code}")
+
+
+def event_line(event: Mapping[str, Any]) -> str | None:
+    """A line for the events log, for the events worth one (not every step)."""
+    kind = event.get("event")
+    if kind == "start":
+        resumed = event.get("resumed_from_step")
+        how = f"resumed at step {resumed}" if resumed is not None else "started"
+        return (f"run {event.get('run_id')} {how}: {event.get('model')} on {event.get('device')} "
+                f"({event.get('strategy')}), {event.get('epochs')} epoch(s), {event.get('total_steps')} steps")
+    if kind == "epoch":
+        return (f"epoch {event.get('epoch')}: test acc {event.get('test_acc'):.2f}%, "
+                f"test loss {event.get('test_loss'):.4f}; checkpoint saved")
+    if kind == "interrupted":
+        return f"run interrupted ({event.get('reason')}) at step {event.get('step')}; checkpoint {event.get('checkpoint')}"
+    if kind == "done":
+        return f"run done: test acc {event.get('test_acc'):.2f}%, best {event.get('best_acc'):.2f}%"
+    return None

@@ -1,0 +1,1 @@
+"""The dashboard (Textual). The only package that imports Textual; `gputui.ui.app.create_app` builds it."""

@@ -1,0 +1,235 @@
+"""The dashboard: live GPUs and hosts, the training run, cost and slaves, an events log.
+
+Everything that blocks (NVML, SSH, the cloud, the training child) runs in named thread
+workers that only post messages; polls never overlap: the next one is scheduled when the
+previous one's message arrives. The widgets only draw the frozen frames they are given.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.containers import Grid, VerticalScroll
+from textual.widgets import Footer
+from textual.timer import Timer
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from gputui.dashboard.hosts import HostFeed
+from gputui.dashboard.setup import Backend
+from gputui.dashboard.slaves import CostFrame, SlaveControl
+from gputui.dashboard.training import TrainingState
+from gputui.errors import GputuiError
+from gputui.model.cloud import CloudEvent
+from gputui.model.telemetry import HostState
+from gputui.ui.bindings import KEYS, bindings
+from gputui.ui.cost_panel import CostPanel
+from gputui.ui.events_panel import EventsLog
+from gputui.ui.hosts_panel import HostsView
+from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled, HostsPolled, SlavesChanged
+from gputui.ui.slave_actions import SlaveActions
+from gputui.ui.status import StatusBar
+from gputui.ui.training_actions import TrainingActions
+from gputui.ui.training_panel import TrainingPanel
+
+ACTIONS = {key.action for key in KEYS}
+FIRST_FRAME_ENV = "GPUTUI_FIRST_FRAME_FILE"  # benchmarks: the app writes time.time() here after its first frame
+
+
+class DashboardApp(TrainingActions, SlaveActions, App[None]):
+    CSS_PATH = "dashboard.tcss"
+    BINDINGS = bindings()
+    TITLE = "gputui"
+    ENABLE_COMMAND_PALETTE = False  # every action has its key, listed in the footer and on `?`
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self.backend = backend
+        self.clock = backend.clock
+        self.feed: HostFeed | None = None
+        self.slaves: SlaveControl | None = None
+        self._slaves_lock = threading.Lock()
+        self.feed_stale = self.slaves_stale = False
+        self.cloud_disabled: str | None = None
+        self.cost_frame: CostFrame | None = None
+        self.cost_note = ""
+        self.training = TrainingState()
+        self.host_states: dict[str, HostState] = {}
+        self.hosts_polls = self.cloud_polls = 0
+        self._cloud_timer: Timer | None = None
+
+    # layout ------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.clock, id="status")
+        with Grid(id="panels"):
+            with VerticalScroll(id="hosts", classes="panel"):
+                yield HostsView(id="hosts-view")
+            yield TrainingPanel(id="training", classes="panel")
+            yield CostPanel(id="cost", classes="panel")
+            yield EventsLog(id="events", classes="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for panel, title in (("#hosts", "Hosts & GPUs"), ("#training", "Training"), ("#cost", "Cost & slaves"),
+                             ("#events", "Events")):
+            self.panel(panel).border_title = title
+        status = self.panel(StatusBar)
+        status.profile = self.backend.profile.name
+        status.mode = "demo: simulated hosts, GPUs and cloud, real training" if self.backend.options.demo else ""
+        self.show_training()
+        self.log_event(f"dashboard on profile {self.backend.profile}" + (" (demo)" if self.backend.options.demo else ""))
+        self.set_interval(1.0, status.refresh, name="status-tick")
+        self.poll_hosts()
+        self.poll_cloud()
+        if os.environ.get(FIRST_FRAME_ENV):
+            self.call_after_refresh(self._first_frame)
+
+    def _first_frame(self) -> None:
+        Path(os.environ[FIRST_FRAME_ENV]).write_text(f"{time.time():.6f}\n", encoding="ascii")
+
+    def panel(self, selector: Any) -> Any:
+        """A widget of the main screen (the app's own query would search a dialog on top)."""
+        return self.screen_stack[0].query_one(selector)
+
+    def log_event(self, text: str, severity: str = "information") -> None:
+        """A line in the events log, newest last."""
+        self.panel(EventsLog).add(time.strftime("%H:%M:%S", time.localtime(self.clock())), text, severity)
+
+    def say(self, text: str, severity: str = "information", notify: bool = False) -> None:
+        self.log_event(text, severity)
+        if notify:
+            self.notify(text, severity=severity)  # type: ignore[arg-type]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The dashboard's keys act on the main screen only, not under a dialog."""
+        if action in ACTIONS and len(self.screen_stack) > 1:
+            return False
+        return True
+
+    # telemetry ---------------------------------------------------------------------
+    def poll_hosts(self) -> None:
+        self.panel(StatusBar).waiting.setdefault("hosts", time.monotonic())
+        self.run_worker(self._poll_hosts, name="hosts-poll", group="telemetry", thread=True, exclusive=True,
+                        exit_on_error=False)
+
+    def _poll_hosts(self) -> None:
+        try:
+            if self.feed is None or self.feed_stale:
+                if self.feed is not None:
+                    self.feed.close()
+                self.feed_stale = False
+                self.feed = self.backend.host_feed(lambda: self.cost_frame.slaves if self.cost_frame else ())
+                self.feed.training(self.training.active)
+            frame = self.feed.poll()
+        except GputuiError as exc:
+            self.post_message(HostsPolled(None, f"telemetry: {exc}"))
+            return
+        if not get_current_worker().is_cancelled:
+            self.post_message(HostsPolled(frame))
+
+    def on_hosts_polled(self, message: HostsPolled) -> None:
+        self.hosts_polls += 1
+        self.panel(StatusBar).done_waiting("hosts")
+        view = self.panel(HostsView)
+        view.error = message.error
+        if message.frame is not None:
+            view.frame = message.frame
+            for host in message.frame.hosts:
+                before = self.host_states.get(host.name)
+                if host.state != before and (before is not None or host.state is not HostState.OK):
+                    reason = f": {host.message}" if host.message and host.state is not HostState.OK else ""
+                    self.log_event(f"host {host.name} {host.state.value}{reason}",
+                                   "information" if host.state.worked else "warning")
+                self.host_states[host.name] = host.state
+        elif message.error:
+            self.log_event(message.error, "error")
+        spent = message.frame.duration_s if message.frame is not None else 0.0
+        self.set_timer(max(0.05, self.backend.options.host_interval_s - spent), self.poll_hosts, name="hosts-next")
+
+    # cloud -------------------------------------------------------------------------
+    def get_slaves(self) -> SlaveControl | None:
+        """The slave control, built on first use (in a worker: it may load boto3)."""
+        with self._slaves_lock:
+            if self.slaves is None or self.slaves_stale:
+                if self.slaves is not None:
+                    self.slaves.close()
+                self.slaves_stale = False
+                self.slaves = self.backend.slaves(lambda text: self.post_message(CloudNote(text)), self._cloud_event)
+            return self.slaves
+
+    def _cloud_event(self, event: CloudEvent) -> None:
+        self.post_message(CloudEventPosted(event))
+
+    def poll_cloud(self) -> None:
+        self.panel(StatusBar).waiting.setdefault("cloud", time.monotonic())
+        self.run_worker(self._poll_cloud, name="cloud-poll", group="cloud", thread=True, exclusive=True,
+                        exit_on_error=False)
+
+    def _poll_cloud(self) -> None:
+        try:
+            slaves = self.get_slaves()
+            if slaves is None:
+                self.post_message(CostPolled(None, disabled=f"no cloud: {self.backend.profile.name} has no [cloud] "
+                                             "table (p: pick a profile with one, e.g. aws-spot.toml)"))
+                return
+            frame = slaves.poll()
+        except GputuiError as exc:
+            self.post_message(CostPolled(None, error=f"cloud: {exc}"))
+            return
+        self.post_message(CostPolled(frame))
+
+    def on_cost_polled(self, message: CostPolled) -> None:
+        self.cloud_polls += 1
+        self.panel(StatusBar).done_waiting("cloud")
+        self.cloud_disabled = message.disabled
+        if message.frame is not None:
+            self.cost_frame = message.frame
+            self.cost_note = "" if message.frame.budget.level == "ok" else (
+                "budget nearly spent" if message.frame.budget.level == "warn" else "budget reached: slaves stop")
+        elif message.error and message.error != self.cost_note:
+            self.log_event(message.error, "error")
+            self.cost_note = message.error
+        else:
+            self.cost_note = message.disabled or ""
+        self.show_cost()
+        if message.disabled is None:
+            self._cloud_timer = self.set_timer(self.backend.options.cloud_interval, self.poll_cloud, name="cloud-next")
+
+    def show_cost(self) -> None:
+        frame = None if self.cloud_disabled else self.cost_frame
+        self.panel(CostPanel).show(frame, self.training.eta_s, self.cost_note)
+
+    def on_cloud_note(self, message: CloudNote) -> None:
+        self.say(message.text, message.severity, message.notify)
+
+    def on_cloud_event_posted(self, message: CloudEventPosted) -> None:
+        kind = message.event.kind
+        severity = "warning" if kind in ("interrupted", "vanished", "orphan", "budget_warning") else (
+            "error" if kind in ("budget_stop", "error") else "information")
+        self.log_event(message.event.message, severity)
+
+    def on_slaves_changed(self, _message: SlavesChanged) -> None:
+        """Poll now rather than at the next tick (unless a poll runs: its end schedules the next)."""
+        if self.cloud_disabled is None and not any(w.name == "cloud-poll" and w.is_running for w in self.workers):
+            if self._cloud_timer is not None:
+                self._cloud_timer.stop()
+            self.poll_cloud()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A worker that failed unexpectedly: say so, never exit."""
+        if event.state is WorkerState.ERROR:
+            error: Any = event.worker.error
+            self.say(f"{event.worker.name} failed: {error}", "error", notify=True)
+            if event.worker.name == "hosts-poll":
+                self.set_timer(self.backend.options.host_interval_s, self.poll_hosts)
+            elif event.worker.name == "cloud-poll":
+                self._cloud_timer = self.set_timer(self.backend.options.cloud_interval, self.poll_cloud)
+
+
+def create_app(backend: Backend) -> DashboardApp:
+    """The app factory: `gputui` and the tests build the dashboard here."""
+    return DashboardApp(backend)

@@ -1,0 +1,101 @@
+"""The dashboard's modal screens: help (from the one list of keys), questions, profile choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from gputui.ui.bindings import KEYS
+
+
+def keys_table() -> Table:
+    table = Table(box=None, show_header=False, padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for key in KEYS:
+        table.add_row(key.display or key.key, key.help)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help", classes="dialog"):
+            yield Label("gputui dashboard: keys", classes="title")
+            yield Static(keys_table(), id="help-keys")
+            yield Static("Mouse: click a slave row to select it; scroll the panels with the wheel.\n"
+                         "Esc, ? or q closes this help.", classes="dim")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class ChoiceScreen(ModalScreen[str]):
+    """A question with buttons; each answer also has a key (its label's first letter).
+    Dismisses with the chosen id; Esc is "cancel"."""
+
+    BINDINGS = [Binding("escape", "choose('cancel')", "Cancel")]
+
+    def __init__(self, question: str, choices: list[tuple[str, str, str]]) -> None:
+        super().__init__()
+        self.question = question
+        self.choices = choices  # (id, label, variant)
+        self.keys = {label[0].lower(): choice_id for choice_id, label, _variant in choices}
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, classes="question")
+            with Horizontal(classes="buttons"):
+                for choice_id, label, variant in self.choices:
+                    yield Button(f"[u]{label[0]}[/u]{label[1:]}", id=choice_id, variant=variant)  # type: ignore[arg-type]
+
+    def on_mount(self) -> None:
+        self.query(Button).last().focus()  # the last answer (cancel) is the default
+
+    def on_key(self, event: events.Key) -> None:
+        choice = self.keys.get(event.key)
+        if choice is not None:
+            event.stop()
+            self.dismiss(choice)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "cancel")
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice)
+
+
+class ProfileScreen(ModalScreen[Path | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, profiles: list[Path], current: Path) -> None:
+        super().__init__()
+        self.profiles = profiles
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="profiles", classes="dialog"):
+            yield Label("Choose a profile (Enter), Esc to cancel", classes="title")
+            yield OptionList(*[Option(f"{'● ' if p == self.current else '  '}{p.name}  ({p.parent})", id=str(p))
+                               for p in self.profiles])
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        options.focus()
+        if self.current in self.profiles:
+            options.highlighted = self.profiles.index(self.current)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(Path(event.option.id) if event.option.id else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,110 @@
+"""Keys t and r: the training run is `gputui run --json` in a child process, read by a worker."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gputui.dashboard.child import TrainingChild
+from gputui.dashboard.training import TrainingState, event_line
+from gputui.runs import EVENTS, read_events
+from gputui.ui.messages import TrainingEvent, TrainingExited, TrainingHistory
+
+if TYPE_CHECKING:
+    from gputui.ui.app import DashboardApp
+
+    _Base = DashboardApp
+else:
+    _Base = object
+
+
+def earlier_events(run_dir: str) -> list[dict[str, Any]]:
+    """A resumed run's events before its latest start (its events.jsonl holds them all)."""
+    events = read_events(Path(run_dir) / EVENTS)
+    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    return events[: starts[-1]] if starts else events
+
+
+class TrainingActions(_Base):
+    child: TrainingChild | None = None
+    generation = 0  # which child the messages come from (a new run ignores the old one's)
+
+    def show_training(self) -> None:
+        from gputui.ui.training_panel import TrainingPanel
+
+        self.panel(TrainingPanel).show(self.training, self.backend.profile.name)
+        self.show_cost()
+
+    def action_toggle_training(self) -> None:
+        if self.child is not None and self.training.active:
+            if self.training.status != "stopping":
+                self.child.stop_requested = True  # if the process is not started yet, the worker stops it
+                self.child.stop()
+                self.training = replace(self.training, status="stopping")
+                self.say("stopping the run: it checkpoints and exits (r resumes it)")
+                self.show_training()
+            return
+        self.start_training(resume=False)
+
+    def action_resume(self) -> None:
+        if self.child is not None and self.training.active:
+            self.say("a run is already going: t stops it first", "warning", notify=True)
+            return
+        self.start_training(resume=True)
+
+    def start_training(self, resume: bool) -> None:
+        self.generation += 1
+        child = self.backend.training_child(resume)
+        self.child = child
+        self.training = TrainingState(status="starting")
+        self.say(("resuming the last run: " if resume else "starting a run: ") + "gputui " + " ".join(child.argv[3:]))
+        self.show_training()
+        if self.feed is not None:
+            self.feed.training(True)
+        generation = self.generation
+        self.run_worker(lambda: self._read_child(child, generation), name="training", group="training", thread=True,
+                        exit_on_error=False)
+
+    def _read_child(self, child: TrainingChild, generation: int) -> None:
+        """Worker: start the child, post each event, then its exit code and last error line."""
+        try:
+            child.start()
+        except OSError as exc:
+            self.post_message(TrainingExited(127, f"cannot start gputui run: {exc}", generation))
+            return
+        if child.stop_requested:
+            child.stop()
+        for event in child.events():
+            if event.get("event") == "start" and event.get("resumed_from_step") is not None and event.get("run_dir"):
+                self.post_message(TrainingHistory(earlier_events(event["run_dir"]), generation))
+            self.post_message(TrainingEvent(event, generation))
+        code = child.wait()
+        self.post_message(TrainingExited(code, child.last_error() if code else None, generation))
+
+    def on_training_history(self, message: TrainingHistory) -> None:
+        if message.generation == self.generation:
+            self.training = TrainingState().replay(message.events)
+
+    def on_training_event(self, message: TrainingEvent) -> None:
+        if message.generation != self.generation:
+            return
+        stopping = self.training.status == "stopping"
+        self.training = self.training.fold(message.event)
+        if stopping and self.training.status == "running":
+            self.training = replace(self.training, status="stopping")
+        line = event_line(message.event)
+        if line:
+            self.say(line, "warning" if message.event.get("event") == "interrupted" else "information")
+        self.show_training()
+
+    def on_training_exited(self, message: TrainingExited) -> None:
+        if message.generation != self.generation:
+            return
+        stopped = self.child is not None and self.child.stop_requested
+        self.training = self.training.exited(message.code, message.error, stopped)
+        if self.training.status == "failed":
+            self.say(f"run failed (exit {message.code}): {self.training.error}", "error", notify=True)
+        if self.feed is not None:
+            self.feed.training(False)
+        self.show_training()

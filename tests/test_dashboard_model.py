@@ -1,0 +1,236 @@
+"""The dashboard's data layer, without Textual: training state, drawings, hosts feed, slaves."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputui.cloud.ledger import Ledger
+from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.settings import CloudSettings
+from gputui.cloud.sim import SimProvider, SimScript
+from gputui.dashboard.child import TrainingChild, run_argv
+from gputui.dashboard.demo import DEAD_HOST, DemoSource
+from gputui.dashboard.hosts import HostFeed
+from gputui.dashboard.setup import Backend, DashboardOptions, demo_public_key, resolve_profile
+from gputui.dashboard.slaves import BudgetRefusal, SlaveControl
+from gputui.dashboard.training import TrainingState, event_line
+from gputui.errors import UserError
+from gputui.model.telemetry import HostState
+from gputui.sources.sim import SimSource
+from gputui.ui.chart import training_chart
+from gputui.ui.draw import bar, duration, sparkline
+from tests.conftest import REPO
+
+EVENTS = [json.loads(line) for line in (REPO / "tests" / "data" / "seed_run_events.jsonl").read_text().splitlines()]
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_training_state_folds_a_real_run() -> None:
+    state = TrainingState().replay(EVENTS)
+    assert state.status == "done" and state.run_id == EVENTS[0]["run_id"]
+    assert (state.model, state.device, state.strategy) == ("seed", "cpu", "single")
+    assert state.step == state.total_steps == 234
+    assert state.best_acc == EVENTS[-1]["best_acc"]
+    assert len(state.loss_points) == sum(e["event"] == "step" for e in EVENTS)
+    assert [a for _, a in state.acc_points] == [e["test_acc"] for e in EVENTS if e["event"] in ("eval", "epoch")]
+    assert state.eta_s is None  # done: nothing left
+
+
+def test_training_eta_and_progress_mid_run() -> None:
+    state = TrainingState().replay(EVENTS[:10])
+    step = EVENTS[9]
+    assert state.status == "running" and state.step == step["step"]
+    expected = (234 - step["step"]) / (step["samples_per_s"] / 256)
+    assert state.eta_s == pytest.approx(expected)
+    assert state.fraction == pytest.approx(step["step"] / 234)
+
+
+def test_resume_keeps_the_curves_and_a_new_run_drops_them() -> None:
+    first = TrainingState().replay(EVENTS[:10])
+    resumed = dict(EVENTS[0], resumed_from_step=first.step)
+    state = first.fold(resumed)
+    assert state.loss_points == first.loss_points and state.step == first.step and state.status == "running"
+    fresh = first.fold(dict(EVENTS[0], run_id="another"))
+    assert fresh.loss_points == () and fresh.step == 0
+
+
+def test_exit_codes_become_states() -> None:
+    running = TrainingState().replay(EVENTS[:5])
+    failed = running.exited(2, "gputui: error: bad profile")
+    assert failed.status == "failed" and failed.error == "gputui: error: bad profile"
+    assert running.exited(1, None).error == "exited with code 1"
+    assert running.exited(-signal.SIGTERM, None, stop_requested=True).status == "stopped"
+    done = TrainingState().replay(EVENTS).exited(0, None)
+    assert done.status == "done" and done.exit_code == 0
+
+
+def test_event_lines_for_the_log() -> None:
+    assert "started" in event_line(EVENTS[0]) and "seed on cpu" in event_line(EVENTS[0])
+    epoch = next(e for e in EVENTS if e["event"] == "epoch")
+    assert f"{epoch['test_acc']:.2f}%" in event_line(epoch) and "checkpoint" in event_line(epoch)
+    assert event_line(EVENTS[1]) is None  # steps are drawn, not logged
+    assert "interrupted (SIGTERM)" in event_line({"event": "interrupted", "reason": "SIGTERM", "step": 3, "checkpoint": "c"})
+
+
+def test_bars_sparklines_durations() -> None:
+    assert bar(0.5, 4) == "██  " and bar(1.0, 3) == "███" and bar(None, 3) == "···"
+    assert bar(0.0, 2, fill="░") == "░░" and bar(0.5, 1) == "▌" and bar(3 / 8, 1) == "▍"
+    assert sparkline([0, 50, 100, None], 4) == "▁▅█ " and sparkline([100], 3) == "  █"
+    assert (duration(None), duration(5), duration(125), duration(7500)) == ("n/a", "5s", "2m05s", "2h05m")
+
+
+def test_chart_draws_both_curves_with_axes() -> None:
+    from rich.style import Style
+
+    state = TrainingState().replay(EVENTS)
+    loss, acc, axis = Style(color="cyan"), Style(color="green"), Style(dim=True)
+    text = training_chart(state.loss_points, state.acc_points, 60, 12, 234, 234, loss, acc, axis)
+    lines = text.plain.splitlines()
+    assert len(lines) == 12 and all(len(line) == 60 for line in lines[:-1])
+    assert any(ch for line in lines for ch in line if 0x2801 <= ord(ch) <= 0x28FF)  # braille dots
+    assert "loss" in text.plain and "acc" in text.plain and "epoch" in lines[-1]
+    top = max(v for _, v in state.loss_points) * 1.1
+    assert f"{top:.3f}" in lines[0] and "100.0%" in lines[0]
+    styles = {span.style for span in text.spans}
+    assert loss in styles and acc in styles
+    assert "too small" in training_chart([], [], 10, 2, None, None, loss, acc, axis).plain
+
+
+def test_host_feed_keeps_utilisation_history() -> None:
+    clock = Clock()
+    feed = HostFeed(SimSource(hosts=2, gpus=3, seed=1, clock=clock), clock=clock, spark_len=5)
+    for _ in range(7):
+        frame = feed.poll()
+        clock.now += 1
+    assert [h.name for h in frame.hosts] == ["sim-0", "sim-1"] and frame.gpu_count == 6
+    history = frame.util[("sim-1", 2)]
+    assert len(history) == 5 and history[-1] == frame.hosts[1].gpus[2].util_pct
+    feed.training(True)
+    assert feed.source.is_active(0)
+
+
+def cloud(tmp_path: Path, budget: float = 2.0, clock: Clock | None = None) -> tuple[SlaveControl, SimProvider, list[str]]:
+    clock = clock or Clock()
+    provider = SimProvider(script=SimScript(launch_delay_s=0.0, shutdown_delay_s=0.0), clock=clock)
+    settings = CloudSettings(budget_usd=budget, ami="ami-0123456789abcdef0", public_key=str(demo_public_key()),
+                             ssh_cidr="198.51.100.7/32")
+    said: list[str] = []
+    ctx = CloudContext(settings, provider, Ledger(tmp_path / "ledger.sqlite3"), "demo", "me@here", clock=clock,
+                       sleep=lambda s: None)
+    return SlaveControl(ctx, 1.0, said.append), provider, said
+
+
+def test_slaves_launch_cost_and_terminate(tmp_path: Path) -> None:
+    slaves, provider, said = cloud(tmp_path)
+    ids = slaves.launch_one()
+    assert len(ids) == 1 and "launch" in provider.calls
+    assert said and "at $" in said[0] and "budget lasts" in said[0]
+    slaves.ctx.clock.now += 3600  # type: ignore[attr-defined]
+    frame = slaves.poll()
+    [line] = frame.slaves
+    assert line.instance_id == ids[0] and line.state == "running" and line.instance_type == "g4dn.xlarge"
+    assert frame.usd_per_hour == pytest.approx(line.usd_per_hour)
+    launch_rate = slaves.ctx.ledger.get(ids[0]).prices[0].usd_per_hour
+    assert frame.budget.spent_usd == pytest.approx(launch_rate, rel=1e-3)  # one hour at the launch price
+    assert line.usd_per_hour == slaves.ctx.ledger.get(ids[0]).hourly_price  # the price in force now
+    assert line.uptime_s(frame.time) == pytest.approx(3600)
+    assert frame.projected(1800) == pytest.approx(frame.budget.spent_usd + frame.usd_per_hour / 2)
+    assert frame.projected(None) is None
+    assert slaves.terminate(ids) == 1 and "terminate" in provider.calls
+    assert slaves.poll().live == ()
+
+
+def test_a_launch_that_breaks_the_budget_is_refused(tmp_path: Path) -> None:
+    slaves, provider, _said = cloud(tmp_path, budget=0.001)
+    with pytest.raises(BudgetRefusal, match="would break the \\$0.00 budget"):
+        slaves.launch_one()
+    assert "launch" not in provider.calls
+
+
+def test_terminate_all(tmp_path: Path) -> None:
+    slaves, provider, _said = cloud(tmp_path)
+    slaves.launch_one()
+    slaves.launch_one()
+    assert len(slaves.poll().live) == 2
+    assert slaves.terminate_all() == 2
+    assert slaves.poll().live == () and slaves.guard.running() == []
+
+
+def test_demo_source_shows_slaves_and_a_dead_host(tmp_path: Path) -> None:
+    slaves, _provider, _said = cloud(tmp_path)
+    slaves.launch_one()
+    frame = slaves.poll()
+    clock = Clock()
+    source = DemoSource(SimSource(1, 2, clock=clock), lambda: frame.slaves, clock=clock)
+    hosts = {h.name: h for h in source.poll()}
+    assert hosts[DEAD_HOST].state is HostState.UNREACHABLE and "timed out" in hosts[DEAD_HOST].message
+    slave = hosts[frame.slaves[0].instance_id]
+    assert slave.state is HostState.OK and slave.gpus[0].name == "Tesla T4 (simulated)"
+    assert slave.gpus[0].mem_used_mib <= slave.gpus[0].mem_total_mib == 15360
+
+
+def test_backend_commands_and_cloud_settings(tmp_path: Path) -> None:
+    local = resolve_profile(None)
+    demo = Backend(DashboardOptions(profile=local, demo=True))
+    argv = demo.training_argv(resume=False)
+    assert argv[:5] == [sys.executable, "-m", "gputui", "run", "--json"]
+    assert argv[5:] == ["--profile", str(local), "--device", "cpu", "--evals-per-epoch", "4"]
+    assert demo.training_argv(resume=True)[5:] == ["--resume", "last", "--device", "cpu"]
+    assert demo.cloud_settings().budget_usd > 0 and demo.cloud_settings().ssh_cidr
+    real = Backend(DashboardOptions(profile=local))
+    assert real.cloud_settings() is None  # local.toml has no [cloud]: no slaves, no account needed
+    assert run_argv(local, False) == [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(local)]
+    with pytest.raises(UserError, match="profile not found"):
+        resolve_profile(tmp_path / "nope.toml")
+
+
+def test_training_child_reports_the_error_line(tmp_path: Path) -> None:
+    child = TrainingChild(run_argv(None, False, ["--epochs", "0"]))
+    child.start()
+    assert list(child.events()) == []
+    assert child.wait() == 2
+    assert child.last_error().startswith("gputui: error: --epochs 0")
+
+
+def test_bad_dashboard_flags_are_one_line_errors(tmp_path: Path) -> None:
+    for args in (["--profile", str(tmp_path / "missing.toml")], ["ui", "--profile", str(tmp_path / "missing.toml")]):
+        done = subprocess.run([sys.executable, "-m", "gputui", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stderr.startswith("gputui: error: ") and done.stderr.count("\n") == 1
+        assert "Traceback" not in done.stderr
+
+
+IMPORT_CHECK = """
+import sys
+{imports}
+bad = sorted(m for m in {forbidden!r} if m in sys.modules)
+print(",".join(bad))
+"""
+
+
+@pytest.mark.parametrize("imports, forbidden", [
+    ("import gputui.cli, gputui.commands.ui, gputui.ui.app, gputui.dashboard.setup, gputui.dashboard.slaves",
+     ("torch", "boto3", "paramiko", "pynvml")),
+    ("import gputui.runner, gputui.runs, gputui.model.telemetry, gputui.model.cloud, gputui.sources.sim, "
+     "gputui.sources.ssh, gputui.cloud.lifecycle, gputui.cloud.sim, gputui.cloud.ledger, gputui.dashboard.setup, "
+     "gputui.dashboard.slaves, gputui.dashboard.child, gputui.dashboard.demo, gputui.monitoring",
+     ("textual",)),
+])
+def test_imports_stay_apart(imports: str, forbidden: tuple[str, ...]) -> None:
+    code = IMPORT_CHECK.format(imports=imports, forbidden=forbidden)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
