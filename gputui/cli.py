@@ -14,7 +14,7 @@ from gputui.errors import GputuiError, UserError
 # Subcommands that live in their own modules under gputui/commands/: each module has
 # `register(subparsers)`, which adds its parser and sets `handler`, and imports nothing
 # heavy at module level (so `gputui --help` stays fast).
-COMMAND_MODULES: tuple[str, ...] = ("gputui.commands.monitor", "gputui.commands.doctor")
+COMMAND_MODULES: tuple[str, ...] = ("gputui.commands.monitor", "gputui.commands.doctor", "gputui.commands.ui")
 
 # flag -> (settings key, parser of the flag's text)
 RUN_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    importlib.import_module("gputui.commands.ui").add_flags(parser, top_level=True)  # `gputui` opens the dashboard
     return parser
 
 
@@ -107,9 +108,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "handler", None) is None:
-        parser.print_help()
-        return 0
+    if getattr(args, "handler", None) is None:  # no subcommand: the dashboard
+        from gputui.commands.ui import cmd_ui
+
+        args.handler = cmd_ui
     try:
         return int(args.handler(args))
     except GputuiError as exc:
