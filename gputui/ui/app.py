@@ -81,7 +81,7 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
         status.profile = self.backend.profile.name
         status.mode = "demo: simulated hosts, GPUs and cloud, real training" if self.backend.options.demo else ""
         self.show_training()
-        self.log_event(f"dashboard on profile {self.backend.profile}" + (" (demo)" if self.backend.options.demo else ""))
+        self.log_event(f"dashboard on profile {self.backend.profile.name}" + (" (demo)" if self.backend.options.demo else ""))
         self.set_interval(1.0, status.refresh, name="status-tick")
         self.poll_hosts()
         self.poll_cloud()
