@@ -14,7 +14,7 @@ from gputui.errors import GputuiError, UserError
 # Subcommands that live in their own modules under gputui/commands/: each module has
 # `register(subparsers)`, which adds its parser and sets `handler`, and imports nothing
 # heavy at module level (so `gputui --help` stays fast).
-COMMAND_MODULES: tuple[str, ...] = ("gputui.commands.monitor", "gputui.commands.doctor", "gputui.commands.ui")
+COMMAND_MODULES: tuple[str, ...] = ("gputui.commands.monitor", "gputui.commands.doctor", "gputui.commands.cloud", "gputui.commands.cost", "gputui.commands.ui")
 
 # flag -> (settings key, parser of the flag's text)
 RUN_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -112,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gputui.commands.ui import cmd_ui
 
         args.handler = cmd_ui
+    if args.command not in ("cloud", "cost", "ui", None):  # those check the cloud themselves (the dashboard shows it)
+        from gputui.cloud.leaks import note_running  # sqlite3 only; silent without a ledger
+
+        note_running()
     try:
         return int(args.handler(args))
     except GputuiError as exc:
