@@ -47,6 +47,21 @@ def cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterN
         factory.stop()
 
 
+@pytest.fixture(scope="module")
+def cluster_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This gputui as a wheel, built once per module (really: pip wheel, as the master does)."""
+    from gputui.cluster.wheel import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheels")).path
+
+
+@pytest.fixture()
+def pinned_wheel(cluster_wheel: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs use the module's wheel (other engineers editing the tree must not change it mid-test)."""
+    monkeypatch.setenv("GPUTUI_WHEEL", str(cluster_wheel))
+    return cluster_wheel
+
+
 def trust(home: Path, *servers: Sshd) -> None:
     """Record the servers' host keys in gputui's known_hosts under GPUTUI_HOME."""
     home.mkdir(parents=True, exist_ok=True)

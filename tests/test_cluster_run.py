@@ -10,72 +10,170 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
+import pytest
 import torch
 
-from .cluster_fixture import ClusterNodes, cluster_profile, cluster_nodes, trust, wait_no_leftovers  # noqa: F401
+from gputui.cluster.bootstrap import Bootstrapper, local_dataset
+from gputui.cluster.sshnode import SlaveConnection
+from gputui.cluster.wheel import build_wheel
+from gputui.hosts import HostSpec
+
+from .cluster_fixture import (  # noqa: F401 - fixtures
+    ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust, wait_no_leftovers,
+)
 from .conftest import cli_env, json_lines, run_cli
+from .sshd_fixture import Sshd
 
-COMMON = ["--data", "{data}", "--epochs", "1", "--batch-size", "64", "--seed", "3", "--device", "cpu"]
+RUN = ["--batch-size", "64", "--seed", "3", "--device", "cpu"]
 
 
-def args(data: Path, *more: str) -> list[str]:
-    return [a.replace("{data}", str(data)) for a in COMMON] + list(more)
+@pytest.fixture(scope="module")
+def two_nodes(cluster_nodes: ClusterNodes) -> list[Sshd]:
+    return [cluster_nodes.node(0), cluster_nodes.node(1)]
+
+
+def weights(run_dir: Path) -> dict[str, Any]:
+    return dict(torch.load(run_dir / "ckpt.pt", weights_only=True))
+
+
+def logs(run_dir: Path) -> str:
+    folder = run_dir / "nodes"
+    return "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.log"))) if folder.is_dir() else ""
 
 
 def test_two_nodes_train_to_the_same_weights_as_one_process(
-    cluster_nodes: ClusterNodes, small_data: Path, tmp_path: Path, gputui_home: Path
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, tmp_path: Path,
+    gputui_home: Path,
 ) -> None:
-    node = cluster_nodes.node(0)
+    node = two_nodes[0]
     trust(gputui_home, node)
     profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key, {"threads": 1})
-
-    single = run_cli("run", "--json", *args(small_data, "--threads", "1", "--run-dir", str(tmp_path / "single")))
+    common = ["--data", str(small_data), "--epochs", "1", *RUN]
+    single = run_cli("run", "--json", *common, "--threads", "1", "--run-dir", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     run_dir = tmp_path / "multi"
-    multi = run_cli("run", "--json", "--profile", str(profile), *args(small_data, "--run-dir", str(run_dir)), timeout=240)
-    assert multi.returncode == 0, multi.stderr + _logs(run_dir)
+    multi = run_cli("run", "--json", "--profile", str(profile), *common, "--run-dir", str(run_dir), timeout=240)
+    assert multi.returncode == 0, multi.stderr + logs(run_dir)
 
     events = json_lines(multi.stdout)
     kinds = [e["event"] for e in events]
-    nodes = [e for e in events if e["event"] == "node"]
-    assert [n["node"] for n in nodes] == ["n0"] and not nodes[0]["skipped"]
-    assert "gputui 0.1.0 installed" in nodes[0]["steps"][-1] or any("installed" in s for s in nodes[0]["steps"])
+    boot = next(e for e in events if e["event"] == "node")
+    assert boot["node"] == "n0" and not boot["skipped"]
+    assert "venv" in boot["steps"] and any("installed" in s for s in boot["steps"])
+    assert any("md5 verified" in s for s in boot["steps"])
     cluster = next(e for e in events if e["event"] == "cluster")
     assert cluster["nodes"] == ["master", "n0"] and cluster["world_size"] == 2
     start = next(e for e in events if e["event"] == "start")
-    assert start["world_size"] == 2 and start["nodes"] == 2 and start["strategy"] == "ddp"
+    assert (start["world_size"], start["nodes"], start["strategy"]) == (2, 2, "ddp")
     assert kinds[-1] == "done" and events[-1]["step"] == 8
-    # The master's run directory holds the relayed events and a checkpoint.
+    # The master's run directory holds the relayed events (the same stream) and the checkpoint.
     assert [e["event"] for e in json_lines((run_dir / "events.jsonl").read_text())] == kinds
-    a = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)
-    b = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    a, b = weights(tmp_path / "single"), weights(run_dir)
     assert a["step"] == b["step"] == 8
     for key in a["model"]:
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5, msg=key)
-    init = _initial_weights(3)
-    assert any(not torch.allclose(init[k], a["model"][k]) for k in init)  # it really trained
-    # The slave's copy (its local rank 0 keeps one) agrees too.
-    remote = next((node.home / ".gputui-cluster" / "runs").glob("*/ckpt.pt"))
-    torch.testing.assert_close(torch.load(remote, weights_only=True)["model"]["fc2.weight"], b["model"]["fc2.weight"])
-    assert wait_no_leftovers(str(run_dir)) == []
-
-    # A second run bootstraps nothing: the marker matches.
-    again = run_cli("run", "--json", "--profile", str(profile), *args(small_data, "--run-dir", str(tmp_path / "again")), timeout=240)
-    assert again.returncode == 0, again.stderr
-    node_event = next(e for e in json_lines(again.stdout) if e["event"] == "node")
-    assert node_event["skipped"] and node_event["bootstrap_s"] < 2.0
-
-
-def _initial_weights(seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(3)
     from gputui.train import nets
 
-    torch.manual_seed(seed)
-    return nets.build("seed", (28, 28), 10).state_dict()
+    init = nets.build("seed", (28, 28), 10).state_dict()
+    assert any(not torch.allclose(init[k], a["model"][k]) for k in init)  # it really trained
+    # The slave's own copy (every node's local rank 0 keeps one) agrees.
+    remote = node.home / ".gputui-cluster" / "runs" / "multi" / "ckpt.pt"  # type: ignore[operator]
+    torch.testing.assert_close(torch.load(remote, weights_only=True)["model"], b["model"])
+    # The slave's venv imports the installed wheel, not this source tree.
+    venv_py = node.home / ".gputui-cluster" / "venv" / "bin" / "python"  # type: ignore[operator]
+    where = subprocess.run([str(venv_py), "-c", "import gputui; print(gputui.__file__)"], capture_output=True,
+                           text=True, cwd=str(node.home), env={"PATH": "/usr/bin:/bin"})
+    assert str(venv_py.parent.parent) in where.stdout, where
+    assert wait_no_leftovers(str(run_dir)) == []
 
 
-def _logs(run_dir: Path) -> str:
-    return "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((run_dir / "nodes").glob("*.log"))) \
-        if (run_dir / "nodes").is_dir() else ""
+def test_bootstrap_of_a_bootstrapped_slave_skips_everything(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, gputui_home: Path,
+) -> None:
+    node = two_nodes[1]
+    trust(gputui_home, node)
+    spec = HostSpec("n1", node.address, node.port, "root", cluster_nodes.user_key)
+    boot = Bootstrapper("~/.gputui-cluster", "python3", build_wheel(), local_dataset(small_data))
+    first_conn = SlaveConnection(spec).open_or_raise()
+    try:
+        first = boot.bootstrap(first_conn)
+    finally:
+        first_conn.close()
+    assert not first.skipped or first.steps == []
+    t0 = time.perf_counter()
+    conn = SlaveConnection(spec).open_or_raise()  # connecting is part of it
+    try:
+        again = boot.bootstrap(conn)
+    finally:
+        conn.close()
+    took = time.perf_counter() - t0
+    assert again.skipped and again.steps == [] and took <= 2.0, took
+    assert again.base == first.base and again.data_dir == first.data_dir
+    # Damage the installed data: the marker says the set is there, but a new data set is checked and copied.
+    other = local_dataset(small_data.parent / "medium") if (small_data.parent / "medium").is_dir() else None
+    assert other is None or other.digest != boot.dataset.digest
+
+
+def _worker_pids(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        # the trainer itself, not its node supervisor or torchrun (whose command lines name it too)
+        if "-m gputui.cluster.worker" in cmd and marker in cmd and "gputui.cluster.node" not in cmd \
+                and "torch.distributed.run" not in cmd:
+            found.append(proc)
+    return found
+
+
+def test_a_killed_trainer_restarts_and_the_run_resumes_from_its_checkpoint(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path,
+    gputui_home: Path,
+) -> None:
+    trust(gputui_home, *two_nodes)
+    # No master node: both ranks run on slaves; rank 0's events and checkpoints come back over SSH.
+    profile = cluster_profile(tmp_path / "cluster.toml", two_nodes, cluster_nodes.user_key, {"threads": 1},
+                              master_trains=False)
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), "--data", str(medium_data),
+         "--epochs", "3", "--batch-size", "16", "--seed", "5", "--device", "cpu", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )
+    seen: list[dict[str, Any]] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 200
+        killed = None
+        for line in proc.stdout:
+            seen.append(json.loads(line))
+            if killed is None and seen[-1]["event"] == "epoch" and seen[-1]["epoch"] == 1:
+                victims = _worker_pids(str(two_nodes[1].home))
+                assert victims, "no trainer of node n1 found"
+                killed = seen[-1]["step"]
+                for victim in victims:
+                    victim.kill()
+            assert time.monotonic() < deadline, [e["event"] for e in seen]
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0, err + logs(run_dir)
+    kinds = [e["event"] for e in seen]
+    assert killed is not None, kinds
+    restarted = next(e for e in seen if e["event"] == "restarted")
+    assert restarted["restart"] >= 1 and restarted["resumed_from_step"] == killed
+    resumed = next(e for e in seen if e["event"] == "resumed")
+    steps_per_epoch = next(e for e in seen if e["event"] == "start")["steps_per_epoch"]
+    assert resumed["from_step"] == killed and 0 <= resumed["lost_steps"] <= steps_per_epoch
+    starts = [e for e in seen if e["event"] == "start"]
+    assert len(starts) >= 2 and starts[-1]["resumed_from_step"] == killed
+    assert kinds[-1] == "done" and seen[-1]["step"] == 3 * steps_per_epoch
+    assert [e["epoch"] for e in seen if e["event"] == "epoch"] == [1, 2, 3]
+    # The checkpoint came back to the master's run directory.
+    assert weights(run_dir)["step"] == 3 * steps_per_epoch
+    assert wait_no_leftovers(str(run_dir.name)) == [] or wait_no_leftovers(str(run_dir)) == []

@@ -79,6 +79,7 @@ class ClusterRun:
         self.lost_at: int | None = None  # step seen when a node was lost, until the resume
         self.failure: str | None = None
         self.replacements = 0
+        self.lost: set[str] = set()  # nodes lost in the current attempt
         self.started_this_attempt = False
         self.log: runs.EventLog | None = None
 
@@ -179,6 +180,9 @@ class ClusterRun:
     def _rendezvous(self, attempt: int) -> Rendezvous:
         s = self.settings
         env = {"GLOO_SOCKET_IFNAME": s.socket_ifname, "NCCL_SOCKET_IFNAME": s.socket_ifname} if s.socket_ifname else {}
+        # Workers get a fresh store from their rank 0 each round: in the master's long-lived rendezvous
+        # store, keys of an earlier round would make a restarted group connect to dead peers.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         return Rendezvous(f"{self.master_addr}:{self.store.port}", f"{self.run.run_id}-{attempt}",
                           min(s.min_nodes, len(self.nodes)), max(s.nodes, len(self.nodes)), s.nproc_per_node,
                           s.max_restarts, s.join_timeout, env=env)
@@ -208,18 +212,18 @@ class ClusterRun:
             self.started_this_attempt = False
             for node in self.nodes:
                 self._start(node, rdzv)
-            outcome = self._monitor(rdzv)
+            outcome = self._monitor()
             if outcome != "relaunch":
                 return outcome
             attempt += 1
             if attempt > self.settings.max_restarts:
                 raise GputuiError(f"cluster run stopped {attempt} times; giving up (max_restarts "
                                   f"{self.settings.max_restarts}); resume later with: gputui run --resume {self.run.run_id}")
-            self._refill(rdzv)
+            self._refill()
             self.emit("relaunch", attempt=attempt, from_step=self.last_step,
                       message=f"relaunching on {len(self.nodes)} node(s), resuming from the last checkpoint")
 
-    def _monitor(self, rdzv: Rendezvous) -> str:
+    def _monitor(self) -> str:
         running = {n.name for n in self.nodes if n.proc is not None}
         stop_sent = False
         while running:
@@ -239,7 +243,7 @@ class ClusterRun:
                 self._line(node, str(payload))
             elif name in running:
                 running.discard(name)
-                self._exited(node, int(payload), running, rdzv)
+                self._exited(node, int(payload), running)
         return self._outcome()
 
     def _line(self, node: Node, text: str) -> None:
@@ -283,38 +287,28 @@ class ClusterRun:
         if node is not None and node.conn is not None and node.boot is not None:
             node.conn.get(f"{node.boot.run_dir(self.run.run_id)}/{runs.CHECKPOINT}", self.run.checkpoint)
 
-    def _exited(self, node: Node, code: int, running: set[str], rdzv: Rendezvous) -> None:
+    def _exited(self, node: Node, code: int, running: set[str]) -> None:
         kind = (self.last_event or {}).get("event")
         if self.stop_reason or kind in ("done", "error", "interrupted") or self.failure:
             return
         reason = node.proc.last_error() if node.proc else "gone"
         if not self.started_this_attempt:  # torchrun could not even start: no point waiting for the others
             self.failure = f"torchrun on {node.name} failed before training started (exit {code}: {reason})"
-            for other in self.nodes:
-                if other.proc is not None:
-                    other.proc.stop()
+            self._stop_all()
             return
-        self.lost_at = self.last_step if self.lost_at is None else self.lost_at
+        self.lost.add(node.name)
+        if self.lost_at is None:
+            self.lost_at = self.last_step
         self.emit("node_lost", node=node.name, exit_code=code, step=self.last_step, reason=reason,
-                  message=f"{node.name} lost at step {self.last_step} (exit {code}: {reason})")
-        if not running:
-            return
-        replacement = self._replace(node)
-        if replacement is not None:
-            self._start(replacement, rdzv)
-            running.add(replacement.name)
-            self.emit("node_replaced", node=node.name, by=replacement.name,
-                      message=f"{replacement.name} ({replacement.address}) joins in place of {node.name}")
-        elif len(running) >= rdzv.min_nodes:
-            self.nodes.remove(node)
-            self.emit("node_dropped", node=node.name, nodes=len(running),
-                      message=f"going on with {len(running)} node(s) (min_nodes {rdzv.min_nodes})")
-        else:
-            self.failure = (f"{node.name} was lost and could not be replaced; fewer than min_nodes "
-                            f"({rdzv.min_nodes}) nodes left. Resume later with: gputui run --resume {self.run.run_id}")
-            for other in self.nodes:
-                if other.proc is not None:
-                    other.proc.stop()
+                  message=f"{node.name} lost at step {self.last_step} (exit {code}: {reason}); stopping the other "
+                  "nodes to relaunch from the last checkpoint")
+        # A torchrun that stops closes its rendezvous for everyone: the group is relaunched under a new one.
+        self._stop_all()
+
+    def _stop_all(self) -> None:
+        for other in self.nodes:
+            if other.proc is not None:
+                other.proc.stop()
 
     def _replace(self, node: Node) -> Node | None:
         """A node to take a lost one's place: a new cloud slave, or the same host/master again."""
@@ -332,9 +326,9 @@ class ClusterRun:
                 conn = self._connect(slave.spec, CLOUD_SSH_WAIT_S)
                 new = Node(slave.instance_id, "cloud", conn.address, slave.spec, conn, instance_id=slave.instance_id)
                 self.nodes[self.nodes.index(node)] = new
-            else:
+            else:  # the same host (or the master) again, over a fresh connection
                 new = node
-                if node.conn is not None and not node.conn.connected:
+                if node.conn is not None:
                     node.conn.close()
                     assert node.spec is not None
                     node.conn = self._connect(node.spec)
@@ -345,17 +339,24 @@ class ClusterRun:
             self.emit("node_unavailable", node=node.name, message=f"{node.name} cannot be replaced: {exc}")
             return None
 
-    def _refill(self, rdzv: Rendezvous) -> None:
-        """Before a relaunch: replace the nodes that are gone; keep at least min_nodes."""
+    def _refill(self) -> None:
+        """Before a relaunch: replace the nodes lost (or interrupted) or drop them; keep at least min_nodes."""
         for node in list(self.nodes):
+            lost = node.name in self.lost
             if node.kind == "cloud" and self.manager is not None and node.instance_id is not None:
                 alive = [i for i in self.manager.ctx.provider.describe([node.instance_id]) if i.state == "running"]
-                if alive and node.conn is not None and node.conn.connected:
-                    continue
-            elif node.kind != "host" or (node.conn is not None and node.conn.connected):
+                lost = lost or not alive
+            if not lost and (node.conn is None or node.conn.connected):
                 continue
-            if self._replace(node) is None:
+            replacement = self._replace(node)
+            if replacement is None:
                 self.nodes.remove(node)
+                self.emit("node_dropped", node=node.name, nodes=len(self.nodes),
+                          message=f"going on without {node.name}: {len(self.nodes)} node(s) left")
+            elif replacement is not node:
+                self.emit("node_replaced", node=node.name, by=replacement.name,
+                          message=f"{replacement.name} ({replacement.address}) takes the place of {node.name}")
+        self.lost.clear()
         if len(self.nodes) < self.settings.min_nodes:
             raise GputuiError(f"only {len(self.nodes)} node(s) left, fewer than min_nodes {self.settings.min_nodes}; "
                               f"resume later with: gputui run --resume {self.run.run_id}")

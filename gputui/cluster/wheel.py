@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputui import __version__
-from gputui.errors import GputuiError
+from gputui.errors import GputuiError, UserError
 from gputui.paths import PACKAGE_DIR, REPO_DIR, data_home
 
 _SKIP_DIRS = {"__pycache__"}
@@ -73,8 +73,17 @@ def source_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+def given_wheel(path: Path) -> Wheel:
+    """A wheel named by `GPUTUI_WHEEL` (e.g. one built by CI), identified by its own hash."""
+    if not path.is_file() or not path.name.startswith("gputui-") or path.suffix != ".whl":
+        raise UserError(f"GPUTUI_WHEEL={path}: not a gputui wheel file (gputui-VERSION-....whl)")
+    return Wheel(path, hashlib.sha256(path.read_bytes()).hexdigest()[:16])
+
+
 def build_wheel(cache: Path | None = None) -> Wheel:
-    """The wheel of the running gputui, built once per source hash."""
+    """The wheel of the running gputui, built once per source hash (or `GPUTUI_WHEEL`'s)."""
+    if os.environ.get("GPUTUI_WHEEL"):
+        return given_wheel(Path(os.environ["GPUTUI_WHEEL"]).expanduser())
     digest = source_hash()
     folder = (cache or data_home() / "wheels") / digest
     found = sorted(folder.glob("gputui-*.whl")) if folder.is_dir() else []

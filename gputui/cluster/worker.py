@@ -44,16 +44,19 @@ def _checkpoint_step(run: RunDir) -> int:
         return -1  # damaged: another node's copy will do
 
 
-def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int) -> int | None:
-    """Share the newest checkpoint among the ranks; the step it is at, or None when none exists."""
+def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart: int) -> tuple[int | None, int]:
+    """Share the newest checkpoint among the ranks: (the step it is at or None when there is
+    none, the highest torchrun restart count of any rank: each node counts its own)."""
     import torch.distributed as tdist
 
     mine = _checkpoint_step(run)
-    steps: list[Any] = [None] * world
-    tdist.all_gather_object(steps, mine)
-    best = max(int(s) for s in steps)
+    gathered: list[Any] = [None] * world
+    tdist.all_gather_object(gathered, (mine, restart))
+    steps = [int(s) for s, _ in gathered]
+    restarts = max(int(r) for _, r in gathered)
+    best = max(steps)
     if best < 0:
-        return None
+        return None, restarts
     src = steps.index(best)
     payload: list[Any] = [run.checkpoint.read_bytes() if rank == src else None]
     tdist.broadcast_object_list(payload, src=src)
@@ -62,7 +65,7 @@ def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int) -> int 
         tmp.write_bytes(payload[0])
         os.replace(tmp, run.checkpoint)
     tdist.barrier()
-    return best
+    return best, restarts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,19 +99,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit_line(event)
 
     stop = StopFlag()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda s, _f: stop.set(signal.Signals(s).name))
+    # Until training starts there is nothing to checkpoint: SIGTERM ends the process at once, even
+    # inside a blocking gloo connect (torchrun stopping a group it restarts waits for that).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     code = 0
     try:
         cfg = load_profile(run.profile).run.resolve()
         device = init_rank(cfg, local_rank)
-        resumed = sync_checkpoint(run, rank, world, local_rank)
+        resumed, restart = sync_checkpoint(run, rank, world, local_rank, restart)
         if restart:
             emit({"event": "restarted", "time": round(time.time(), 3), "restart": restart, "world_size": world,
                   "nodes": world // local_world, "resumed_from_step": resumed})
         data = load_dataset(Path(cfg.data) if cfg.data else None)
         info = {"node": args.node, "nodes": world // local_world, "nproc_per_node": local_world, "restart": restart}
         trainer = NodeTrainer(cfg, run, data, device, emit, stop, dist=Dist(rank, world), start_info=info)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda s, _f: stop.set(signal.Signals(s).name))
         trainer.train(resume=resumed is not None)
     except GputuiError as exc:
         emit({"event": "error", "time": round(time.time(), 3), "message": str(exc), "exit_code": exc.exit_code})
