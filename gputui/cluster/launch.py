@@ -103,7 +103,8 @@ class ClusterRun:
         try:
             self.run.profile.write_text(self.cfg.to_toml(), encoding="utf-8")
             self._bring_up()
-            return self._train()
+            self.outcome = self._train()
+            return self.outcome
         finally:
             try:
                 self._teardown()
@@ -130,6 +131,7 @@ class ClusterRun:
                 from gputui.cluster.manager import SlaveManager, cloud_context
 
                 self.manager = SlaveManager(s, cloud_context(s))
+            self.manager.ctx.ledger.start_run(self.run.run_id, s.name, time.time())  # slaves with a run are not idle
             slaves = self.manager.ensure(cloud_count, minimum=max(0, s.min_slaves - len(static)))
             self.started_ids += [x.instance_id for x in slaves if x.started_here]
             if self.started_ids:
@@ -171,8 +173,9 @@ class ClusterRun:
         import torch.distributed as tdist
 
         try:
-            self.store = tdist.TCPStore(self.master_addr, self.settings.rdzv_port, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=self.settings.join_timeout))
+            store_class = getattr(tdist, "TCPStore")  # not in torch.distributed's declared exports
+            self.store = store_class(self.master_addr, self.settings.rdzv_port, is_master=True, wait_for_workers=False,
+                                     timeout=timedelta(seconds=self.settings.join_timeout))
         except (RuntimeError, ValueError, OSError) as exc:
             raise GputuiError(f"cannot serve the rendezvous on {self.master_addr}:{self.settings.rdzv_port} ({exc}); "
                               f"set [cluster] rdzv_port to a free port in {self.settings.source}") from None
@@ -229,21 +232,19 @@ class ClusterRun:
         while running:
             if self.stop_reason and not stop_sent:
                 stop_sent = True
-                for node in self.nodes:
-                    if node.proc is not None:
-                        node.proc.stop()
+                self._stop_all()
             try:
                 name, kind, payload = self.items.get(timeout=0.2)
             except queue.Empty:
                 continue
-            node = next((n for n in self.nodes if n.name == name), None)
-            if node is None:
+            found = next((n for n in self.nodes if n.name == name), None)
+            if found is None:
                 continue
             if kind == "line":
-                self._line(node, str(payload))
+                self._line(found, str(payload))
             elif name in running:
                 running.discard(name)
-                self._exited(node, int(payload), running)
+                self._exited(found, int(payload), running)
         return self._outcome()
 
     def _line(self, node: Node, text: str) -> None:
@@ -392,6 +393,8 @@ class ClusterRun:
                 pass
         for proc in procs:
             proc.kill()
+        if self.manager is not None:
+            self.manager.ctx.ledger.end_run(self.run.run_id, time.time(), getattr(self, "outcome", "failed"))
         if self.started_ids and self.manager is not None:
             try:
                 gone = self.manager.release(self.started_ids)
