@@ -13,7 +13,7 @@ from gputui.ui.app import create_app
 from gputui.ui.bindings import KEYS
 from gputui.ui.cost_panel import SlavesTable
 from gputui.ui.events_panel import EventsLog
-from gputui.ui.messages import CloudEventPosted, TrainingEvent
+from gputui.ui.messages import CloudEventPosted, TrainingLine, TrainingUpdate
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
 from tests.dashboard_support import HangingProvider, HangingSource, make_backend, run, screen_text, sim_provider, wait_for
@@ -154,7 +154,9 @@ def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> No
 
     second = run(scenario())
     assert second.proc.returncode == 0  # stopped with a checkpoint on quit, not left behind
-    assert any(isinstance(m, TrainingEvent) and m.event["event"] == "start" for m in posted)
+    assert any(isinstance(m, TrainingLine) and "started" in m.text for m in posted)
+    assert any(isinstance(m, TrainingLine) and "resumed at step" in m.text for m in posted)
+    assert any(isinstance(m, TrainingUpdate) and m.state.resumed_from_step is not None for m in posted)
 
 
 def test_a_crashed_run_shows_its_error_line() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gputui.ui.app import DashboardApp, create_app
-from gputui.ui.messages import TrainingEvent
+from gputui.ui.training_actions import post_events
 from tests.conftest import REPO
 from tests.dashboard_support import Clock, make_backend, sim_provider, wait_for
 
@@ -45,9 +45,8 @@ async def settle(pilot: Any) -> None:
     for n in range(2, 8):
         app.poll_hosts()
         await wait_for(pilot, lambda: app.hosts_polls >= n)
-    cut = 25
-    for event in EVENTS[:cut]:
-        app.post_message(TrainingEvent(event, app.generation))
+    cut = 25  # the events go through the same fold and messages as a child's
+    post_events(EVENTS[:cut], app.post_message, app.generation)
     await wait_for(pilot, lambda: app.training.step == EVENTS[cut - 1]["step"])
     await pilot.pause(0.2)
 

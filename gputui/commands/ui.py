@@ -24,11 +24,27 @@ def register(subparsers: Any) -> None:
     ui.set_defaults(handler=cmd_ui)
 
 
+def env_int(name: str, default: int) -> int:
+    """A whole number from the environment (the demo's size: GPUTUI_DEMO_HOSTS, GPUTUI_DEMO_GPUS)."""
+    import os
+
+    from gputui.errors import UserError
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{name}={text!r}: expected a whole number") from None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from gputui.dashboard.setup import Backend, DashboardOptions, check_options, resolve_profile
 
     options = DashboardOptions(profile=resolve_profile(getattr(args, "ui_profile", None)),
-                               demo=bool(getattr(args, "demo", False)))
+                               demo=bool(getattr(args, "demo", False)),
+                               sim_hosts=env_int("GPUTUI_DEMO_HOSTS", 3), sim_gpus=env_int("GPUTUI_DEMO_GPUS", 4))
     check_options(options)
     from gputui.ui.app import create_app
 

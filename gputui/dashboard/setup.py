@@ -37,14 +37,14 @@ class DashboardOptions:
     sim_gpus: int = 4
     seed: int = 0
     host_interval_s: float = 1.0
-    cloud_interval_s: float | None = None  # default: 1 s on the simulated cloud, 15 s on EC2
+    cloud_interval_s: float | None = None  # default: 2 s on the simulated cloud, 15 s on EC2
     train_args: tuple[str, ...] = ()  # extra `gputui run` flags for new runs (tests: a small data set)
 
     @property
     def cloud_interval(self) -> float:
         if self.cloud_interval_s is not None:
             return self.cloud_interval_s
-        return 1.0 if self.demo else 15.0
+        return 2.0 if self.demo else 15.0
 
 
 def resolve_profile(path: Path | None) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.app import App, ComposeResult
-from textual.containers import Grid, VerticalScroll
+from textual.containers import Grid
 from textual.widgets import Footer
 from textual.timer import Timer
 from textual.worker import Worker, WorkerState, get_current_worker
@@ -66,8 +66,7 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
     def compose(self) -> ComposeResult:
         yield StatusBar(self.clock, id="status")
         with Grid(id="panels"):
-            with VerticalScroll(id="hosts", classes="panel"):
-                yield HostsView(id="hosts-view")
+            yield HostsView(id="hosts", classes="panel")
             yield TrainingPanel(id="training", classes="panel")
             yield CostPanel(id="cost", classes="panel")
             yield EventsLog(id="events", classes="panel")
@@ -82,7 +81,7 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
         status.mode = "demo: simulated hosts, GPUs and cloud, real training" if self.backend.options.demo else ""
         self.show_training()
         self.log_event(f"dashboard on profile {self.backend.profile.name}" + (" (demo)" if self.backend.options.demo else ""))
-        self.set_interval(1.0, status.refresh, name="status-tick")
+        self.set_interval(1.0, status.tick, name="status-tick")
         self.poll_hosts()
         self.poll_cloud()
         if os.environ.get(FIRST_FRAME_ENV):
@@ -134,6 +133,7 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
     def on_hosts_polled(self, message: HostsPolled) -> None:
         self.hosts_polls += 1
         self.panel(StatusBar).done_waiting("hosts")
+        self.panel(StatusBar).refresh()  # the clock goes on with the same repaint as the hosts
         view = self.panel(HostsView)
         view.error = message.error
         if message.frame is not None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.message import Message
 
 from gputui.dashboard.hosts import HostsFrame
 from gputui.dashboard.slaves import CostFrame
+from gputui.dashboard.training import TrainingState
 from gputui.model.cloud import CloudEvent
 
 
@@ -30,25 +29,26 @@ class CostPolled(Message):
         self.disabled = disabled  # why there is no cloud (no [cloud] table): polls stop
 
 
-class TrainingEvent(Message):
-    """One event of the training child. Queued step events merge: only the newest is drawn."""
+class TrainingUpdate(Message):
+    """The run's state after its latest event. Queued updates merge: the newest holds every
+    point of the curves, so merging loses nothing however fast the events come."""
 
-    def __init__(self, event: dict[str, Any], generation: int) -> None:
+    def __init__(self, state: TrainingState, generation: int) -> None:
         super().__init__()
-        self.event = event
+        self.state = state
         self.generation = generation
 
     def can_replace(self, message: Message) -> bool:
-        return (isinstance(message, TrainingEvent) and message.generation == self.generation
-                and message.event.get("event") == "step" and self.event.get("event") == "step")
+        return isinstance(message, TrainingUpdate) and message.generation == self.generation
 
 
-class TrainingHistory(Message):
-    """Earlier events of a resumed run (from its events.jsonl), drawn before the new ones."""
+class TrainingLine(Message):
+    """A line for the events log about the run (started, epoch, interrupted, done)."""
 
-    def __init__(self, events: list[dict[str, Any]], generation: int) -> None:
+    def __init__(self, text: str, severity: str, generation: int) -> None:
         super().__init__()
-        self.events = events
+        self.text = text
+        self.severity = severity
         self.generation = generation
 
 

@@ -22,6 +22,12 @@ class StatusBar(Widget):
         self.clock = clock
         self.renders = 0  # how often it was drawn: the tests check that repaints go on
         self.waiting: dict[str, float] = {}  # what -> monotonic time since it has been waited for
+        self.drawn_at = 0.0
+
+    def tick(self) -> None:
+        """Once a second: redraw unless something else just did (one repaint, not two)."""
+        if time.monotonic() - self.drawn_at >= 0.9:
+            self.refresh()
 
     def done_waiting(self, what: str) -> None:
         since = self.waiting.pop(what, None)
@@ -30,6 +36,7 @@ class StatusBar(Widget):
 
     def render(self) -> Text:
         self.renders += 1
+        self.drawn_at = time.monotonic()
         style = lambda name: self.get_component_rich_style(name, partial=True)  # noqa: E731
         text = Text("gputui", style("status--name"))
         text.append(f"  profile {self.profile}", style("status--dim"))

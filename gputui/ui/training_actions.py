@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from textual.message import Message
 
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.runs import EVENTS, read_events
-from gputui.ui.messages import TrainingEvent, TrainingExited, TrainingHistory
+from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
 
 if TYPE_CHECKING:
     from gputui.ui.app import DashboardApp
@@ -24,6 +26,21 @@ def earlier_events(run_dir: str) -> list[dict[str, Any]]:
     events = read_events(Path(run_dir) / EVENTS)
     starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
     return events[: starts[-1]] if starts else events
+
+
+def post_events(events: Iterable[dict[str, Any]], post: Callable[[Message], Any], generation: int,
+                state: TrainingState = TrainingState(status="starting")) -> TrainingState:
+    """Fold each event (in the worker) and post the new state and, for the events worth one, a log line.
+    A resumed run first takes in its earlier events, so its curves go on from where they were."""
+    for event in events:
+        if event.get("event") == "start" and event.get("resumed_from_step") is not None and event.get("run_dir"):
+            state = TrainingState().replay(earlier_events(event["run_dir"]))
+        state = state.fold(event)
+        post(TrainingUpdate(state, generation))
+        line = event_line(event)
+        if line:
+            post(TrainingLine(line, "warning" if event.get("event") == "interrupted" else "information", generation))
+    return state
 
 
 class TrainingActions(_Base):
@@ -67,7 +84,7 @@ class TrainingActions(_Base):
                         exit_on_error=False)
 
     def _read_child(self, child: TrainingChild, generation: int) -> None:
-        """Worker: start the child, post each event, then its exit code and last error line."""
+        """Worker: start the child, post its progress, then its exit code and last error line."""
         try:
             child.start()
         except OSError as exc:
@@ -75,28 +92,22 @@ class TrainingActions(_Base):
             return
         if child.stop_requested:
             child.stop()
-        for event in child.events():
-            if event.get("event") == "start" and event.get("resumed_from_step") is not None and event.get("run_dir"):
-                self.post_message(TrainingHistory(earlier_events(event["run_dir"]), generation))
-            self.post_message(TrainingEvent(event, generation))
+        post_events(child.events(), self.post_message, generation)
         code = child.wait()
         self.post_message(TrainingExited(code, child.last_error() if code else None, generation))
 
-    def on_training_history(self, message: TrainingHistory) -> None:
-        if message.generation == self.generation:
-            self.training = TrainingState().replay(message.events)
-
-    def on_training_event(self, message: TrainingEvent) -> None:
+    def on_training_update(self, message: TrainingUpdate) -> None:
         if message.generation != self.generation:
             return
-        stopping = self.training.status == "stopping"
-        self.training = self.training.fold(message.event)
-        if stopping and self.training.status == "running":
-            self.training = replace(self.training, status="stopping")
-        line = event_line(message.event)
-        if line:
-            self.say(line, "warning" if message.event.get("event") == "interrupted" else "information")
+        state = message.state
+        if self.child is not None and self.child.stop_requested and state.status == "running":
+            state = replace(state, status="stopping")
+        self.training = state
         self.show_training()
+
+    def on_training_line(self, message: TrainingLine) -> None:
+        if message.generation == self.generation:
+            self.say(message.text, message.severity)
 
     def on_training_exited(self, message: TrainingExited) -> None:
         if message.generation != self.generation:
