@@ -226,7 +226,7 @@ print(",".join(bad))
      ("torch", "boto3", "paramiko", "pynvml")),
     ("import gputui.runner, gputui.runs, gputui.model.telemetry, gputui.model.cloud, gputui.sources.sim, "
      "gputui.sources.ssh, gputui.cloud.lifecycle, gputui.cloud.sim, gputui.cloud.ledger, gputui.dashboard.setup, "
-     "gputui.dashboard.slaves, gputui.dashboard.child, gputui.dashboard.demo, gputui.monitoring",
+     "gputui.dashboard.slaves, gputui.dashboard.cost, gputui.dashboard.child, gputui.dashboard.demo, gputui.monitoring",
      ("textual",)),
 ])
 def test_imports_stay_apart(imports: str, forbidden: tuple[str, ...]) -> None:

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from gputui.dashboard.slaves import SlaveLine
+from gputui.dashboard.cost import SlaveLine
 from gputui.model.telemetry import HostSnapshot, HostState
 from gputui.sources.sim import SimSource
 

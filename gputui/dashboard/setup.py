@@ -13,14 +13,17 @@ import hashlib
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gputui.dashboard.child import TrainingChild, run_argv
 from gputui.dashboard.hosts import HostFeed
-from gputui.dashboard.slaves import SlaveControl, SlaveLine
+from gputui.dashboard.cost import SlaveLine
 from gputui.errors import UserError
 from gputui.model.cloud import CloudEvent
 from gputui.paths import data_home, profiles_dir
+
+if TYPE_CHECKING:
+    from gputui.dashboard.slaves import SlaveControl
 
 DEMO_BUDGET_USD = 2.0
 DEMO_SSH_CIDR = "198.51.100.7/32"  # a documentation network: the simulated cloud opens nothing
@@ -123,11 +126,12 @@ class Backend:
             settings = replace(settings, public_key=str(demo_public_key()), ssh_cidr=settings.ssh_cidr or DEMO_SSH_CIDR)
         return settings
 
-    def slaves(self, say: Callable[[str], None], listener: Callable[[CloudEvent], None]) -> SlaveControl | None:
+    def slaves(self, say: Callable[[str], None], listener: Callable[[CloudEvent], None]) -> "SlaveControl | None":
         """The cluster's slaves (blocks: opens the ledger, maybe boto3); None without [cloud]."""
         from gputui.cloud.ledger import Ledger
         from gputui.cloud.lifecycle import CloudContext
         from gputui.cloud.provider import check_cluster_name, default_owner, make_provider
+        from gputui.dashboard.slaves import SlaveControl
 
         settings = self.cloud_settings()
         if settings is None:

@@ -8,23 +8,17 @@ previous one's message arrives. The widgets only draw the frozen frames they are
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.containers import Grid
 from textual.widgets import Footer
-from textual.timer import Timer
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.setup import Backend
-from gputui.dashboard.slaves import CostFrame, SlaveControl
-from gputui.dashboard.training import TrainingState
 from gputui.errors import GputuiError
-from gputui.model.cloud import CloudEvent
 from gputui.model.telemetry import HostState
 from gputui.ui.bindings import KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
@@ -40,27 +34,11 @@ ACTIONS = {key.action for key in KEYS}
 FIRST_FRAME_ENV = "GPUTUI_FIRST_FRAME_FILE"  # benchmarks: the app writes time.time() here after its first frame
 
 
-class DashboardApp(TrainingActions, SlaveActions, App[None]):
+class DashboardApp(TrainingActions, SlaveActions):
     CSS_PATH = "dashboard.tcss"
     BINDINGS = bindings()
     TITLE = "gputui"
     ENABLE_COMMAND_PALETTE = False  # every action has its key, listed in the footer and on `?`
-
-    def __init__(self, backend: Backend) -> None:
-        super().__init__()
-        self.backend = backend
-        self.clock = backend.clock
-        self.feed: HostFeed | None = None
-        self.slaves: SlaveControl | None = None
-        self._slaves_lock = threading.Lock()
-        self.feed_stale = self.slaves_stale = False
-        self.cloud_disabled: str | None = None
-        self.cost_frame: CostFrame | None = None
-        self.cost_note = ""
-        self.training = TrainingState()
-        self.host_states: dict[str, HostState] = {}
-        self.hosts_polls = self.cloud_polls = 0
-        self._cloud_timer: Timer | None = None
 
     # layout ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -89,19 +67,6 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
 
     def _first_frame(self) -> None:
         Path(os.environ[FIRST_FRAME_ENV]).write_text(f"{time.time():.6f}\n", encoding="ascii")
-
-    def panel(self, selector: Any) -> Any:
-        """A widget of the main screen (the app's own query would search a dialog on top)."""
-        return self.screen_stack[0].query_one(selector)
-
-    def log_event(self, text: str, severity: str = "information") -> None:
-        """A line in the events log, newest last."""
-        self.panel(EventsLog).add(time.strftime("%H:%M:%S", time.localtime(self.clock())), text, severity)
-
-    def say(self, text: str, severity: str = "information", notify: bool = False) -> None:
-        self.log_event(text, severity)
-        if notify:
-            self.notify(text, severity=severity)  # type: ignore[arg-type]
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """The dashboard's keys act on the main screen only, not under a dialog."""
@@ -151,37 +116,6 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
         self.set_timer(max(0.05, self.backend.options.host_interval_s - spent), self.poll_hosts, name="hosts-next")
 
     # cloud -------------------------------------------------------------------------
-    def get_slaves(self) -> SlaveControl | None:
-        """The slave control, built on first use (in a worker: it may load boto3)."""
-        with self._slaves_lock:
-            if self.slaves is None or self.slaves_stale:
-                if self.slaves is not None:
-                    self.slaves.close()
-                self.slaves_stale = False
-                self.slaves = self.backend.slaves(lambda text: self.post_message(CloudNote(text)), self._cloud_event)
-            return self.slaves
-
-    def _cloud_event(self, event: CloudEvent) -> None:
-        self.post_message(CloudEventPosted(event))
-
-    def poll_cloud(self) -> None:
-        self.panel(StatusBar).waiting.setdefault("cloud", time.monotonic())
-        self.run_worker(self._poll_cloud, name="cloud-poll", group="cloud", thread=True, exclusive=True,
-                        exit_on_error=False)
-
-    def _poll_cloud(self) -> None:
-        try:
-            slaves = self.get_slaves()
-            if slaves is None:
-                self.post_message(CostPolled(None, disabled=f"no cloud: {self.backend.profile.name} has no [cloud] "
-                                             "table (p: pick a profile with one, e.g. aws-spot.toml)"))
-                return
-            frame = slaves.poll()
-        except GputuiError as exc:
-            self.post_message(CostPolled(None, error=f"cloud: {exc}"))
-            return
-        self.post_message(CostPolled(frame))
-
     def on_cost_polled(self, message: CostPolled) -> None:
         self.cloud_polls += 1
         self.panel(StatusBar).done_waiting("cloud")
@@ -198,10 +132,6 @@ class DashboardApp(TrainingActions, SlaveActions, App[None]):
         self.show_cost()
         if message.disabled is None:
             self._cloud_timer = self.set_timer(self.backend.options.cloud_interval, self.poll_cloud, name="cloud-next")
-
-    def show_cost(self) -> None:
-        frame = None if self.cloud_disabled else self.cost_frame
-        self.panel(CostPanel).show(frame, self.training.eta_s, self.cost_note)
 
     def on_cloud_note(self, message: CloudNote) -> None:
         self.say(message.text, message.severity, message.notify)

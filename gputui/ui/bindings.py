@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ KEYS: tuple[Key, ...] = (
 )
 
 
-def bindings() -> list[Binding]:
+def bindings() -> list[BindingType]:
     """The app's bindings (ctrl+q quits through the same question as q)."""
-    out = [Binding(k.key, k.action, k.label, key_display=k.display) for k in KEYS]
+    out: list[BindingType] = [Binding(k.key, k.action, k.label, key_display=k.display) for k in KEYS]
     out.append(Binding("ctrl+q", "quit", "Quit", show=False, priority=True))
     return out

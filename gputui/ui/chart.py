@@ -119,6 +119,7 @@ def training_chart(loss: Sequence[tuple[float, float]], acc: Sequence[tuple[floa
 def _x_axis(width: int, x_max: float, steps_per_epoch: int | None, style: Style) -> Text:
     """Epoch ticks under the plot (steps when the epoch length is unknown)."""
     cells = [" "] * width
+    marks: list[tuple[float, str]]
     if steps_per_epoch:
         epochs = int(x_max // steps_per_epoch)
         every = max(1, math.ceil(epochs * 4 / max(1, width)))

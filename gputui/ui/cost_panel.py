@@ -11,7 +11,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist
 
-from gputui.dashboard.slaves import CostFrame, SlaveLine, money
+from gputui.dashboard.cost import CostFrame, SlaveLine, money
 from gputui.ui.draw import bar, duration
 
 COLUMNS = ("id", "type", "zone", "state", "up", "$/h", "cost")
@@ -71,7 +71,7 @@ class SlavesTable(DataTable[str]):
 
     def show(self, frame: CostFrame) -> None:
         wanted = {s.instance_id: s for s in frame.slaves}
-        present = {k.value for k in self.rows}
+        present = {k.value for k in self.rows if k.value is not None}
         for key in present - set(wanted):
             self.remove_row(key)
         wide = self.size.width >= 80

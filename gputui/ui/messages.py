@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from gputui.dashboard.hosts import HostsFrame
-from gputui.dashboard.slaves import CostFrame
+from gputui.dashboard.cost import CostFrame
 from gputui.dashboard.training import TrainingState
 from gputui.model.cloud import CloudEvent
 

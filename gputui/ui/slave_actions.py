@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gputui.dashboard.setup import list_profiles, resolve_profile
-from gputui.dashboard.slaves import BudgetRefusal, money
+from gputui.dashboard.cost import money
 from gputui.errors import GputuiError
+from gputui.ui.base import DashboardBase
 from gputui.ui.messages import CloudNote, SlavesChanged
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
 
-if TYPE_CHECKING:
-    from gputui.ui.app import DashboardApp
-
-    _Base = DashboardApp
-else:
-    _Base = object
 
 
-class SlaveActions(_Base):
-    quitting = False
-
+class SlaveActions(DashboardBase):
     def _no_cloud(self) -> bool:
         if self.cloud_disabled:
             self.say(self.cloud_disabled, "warning", notify=True)
@@ -36,6 +28,8 @@ class SlaveActions(_Base):
         self.run_worker(self._launch_one, name="slave-launch", group="slaves", thread=True, exit_on_error=False)
 
     def _launch_one(self) -> None:
+        from gputui.dashboard.slaves import BudgetRefusal
+
         try:
             slaves = self.get_slaves()
             if slaves is None:
@@ -142,14 +136,19 @@ class SlaveActions(_Base):
         self._terminate(None)
         self.call_from_thread(self.finish, None)
 
+    def _stop_run_then_exit(self, message: str | None) -> None:
+        """Worker: SIGTERM the run, wait for its checkpoint (SIGKILL after the grace time), exit."""
+        if self.child is not None:
+            self.child.shutdown()
+        self.call_from_thread(self.exit, None, 0, message)
+
     def finish(self, message: str | None) -> None:
         """Stop the run (checkpoint) if one is going, then exit."""
         self.quitting = True
         self.exit_message = message
         if self.child is not None and self.child.running:
             self.say("stopping the run (checkpoint) before quitting ...")
-            child = self.child
-            self.run_worker(lambda: (child.shutdown(), self.call_from_thread(self.exit, None, 0, message)),
-                            name="quit-training", group="training-stop", thread=True, exit_on_error=False)
+            self.run_worker(lambda: self._stop_run_then_exit(message), name="quit-training", group="training-stop",
+                            thread=True, exit_on_error=False)
             return
         self.exit(None, 0, message)

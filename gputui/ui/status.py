@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -34,10 +35,13 @@ class StatusBar(Widget):
         if since is not None and time.monotonic() - since >= 3.0:
             self.refresh()  # the "no answer" note goes at once
 
+    def _style(self, name: str) -> Style:
+        return self.get_component_rich_style(name, partial=True)
+
     def render(self) -> Text:
         self.renders += 1
         self.drawn_at = time.monotonic()
-        style = lambda name: self.get_component_rich_style(name, partial=True)  # noqa: E731
+        style = self._style
         text = Text("gputui", style("status--name"))
         text.append(f"  profile {self.profile}", style("status--dim"))
         if self.mode:

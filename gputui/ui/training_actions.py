@@ -4,21 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from textual.message import Message
 
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.runs import EVENTS, read_events
+from gputui.ui.base import DashboardBase
 from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
 
-if TYPE_CHECKING:
-    from gputui.ui.app import DashboardApp
-
-    _Base = DashboardApp
-else:
-    _Base = object
 
 
 def earlier_events(run_dir: str) -> list[dict[str, Any]]:
@@ -43,16 +38,7 @@ def post_events(events: Iterable[dict[str, Any]], post: Callable[[Message], Any]
     return state
 
 
-class TrainingActions(_Base):
-    child: TrainingChild | None = None
-    generation = 0  # which child the messages come from (a new run ignores the old one's)
-
-    def show_training(self) -> None:
-        from gputui.ui.training_panel import TrainingPanel
-
-        self.panel(TrainingPanel).show(self.training, self.backend.profile.name)
-        self.show_cost()
-
+class TrainingActions(DashboardBase):
     def action_toggle_training(self) -> None:
         if self.child is not None and self.training.active:
             if self.training.status != "stopping":

@@ -57,9 +57,10 @@ class TrainingChart(Widget):
 
     def render(self) -> Text:
         s = self.state
-        style = lambda name: self.get_component_rich_style(name, partial=True)  # noqa: E731
+        loss, acc, axis = (self.get_component_rich_style(name, partial=True)
+                           for name in ("chart--loss", "chart--acc", "chart--axis"))
         return training_chart(s.loss_points, s.acc_points, self.size.width, self.size.height, s.total_steps,
-                              s.steps_per_epoch, style("chart--loss"), style("chart--acc"), style("chart--axis"))
+                              s.steps_per_epoch, loss, acc, axis)
 
 
 class TrainingPanel(Vertical):

@@ -1,0 +1,110 @@
+"""The dashboard's state and the helpers every part of it uses (panels, the log, the cloud handle).
+
+The key handlers (gputui.ui.training_actions, gputui.ui.slave_actions) and the app
+(gputui.ui.app) build on this class.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from textual.app import App
+from textual.timer import Timer
+
+from gputui.dashboard.cost import CostFrame
+from gputui.dashboard.hosts import HostFeed
+from gputui.dashboard.setup import Backend
+from gputui.dashboard.training import TrainingState
+from gputui.errors import GputuiError
+from gputui.model.cloud import CloudEvent
+from gputui.model.telemetry import HostState
+from gputui.ui.cost_panel import CostPanel
+from gputui.ui.events_panel import EventsLog
+from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled
+from gputui.ui.status import StatusBar
+from gputui.ui.training_panel import TrainingPanel
+
+if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
+    from gputui.dashboard.child import TrainingChild
+    from gputui.dashboard.slaves import SlaveControl
+
+
+class DashboardBase(App[None]):
+    child: "TrainingChild | None" = None
+    generation = 0  # which training child messages come from (a new run ignores the old one's)
+    quitting = False
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self.exit_message: str | None = None
+        self.backend = backend
+        self.clock = backend.clock
+        self.feed: HostFeed | None = None
+        self.slaves: SlaveControl | None = None
+        self._slaves_lock = threading.Lock()
+        self.feed_stale = self.slaves_stale = False
+        self.cloud_disabled: str | None = None
+        self.cost_frame: CostFrame | None = None
+        self.cost_note = ""
+        self.training = TrainingState()
+        self.host_states: dict[str, HostState] = {}
+        self.hosts_polls = self.cloud_polls = 0
+        self._cloud_timer: Timer | None = None
+
+    def panel(self, selector: Any) -> Any:
+        """A widget of the main screen (the app's own query would search a dialog on top)."""
+        return self.screen_stack[0].query_one(selector)
+
+    def log_event(self, text: str, severity: str = "information") -> None:
+        """A line in the events log, newest last."""
+        self.panel(EventsLog).add(time.strftime("%H:%M:%S", time.localtime(self.clock())), text, severity)
+
+    def say(self, text: str, severity: str = "information", notify: bool = False) -> None:
+        self.log_event(text, severity)
+        if notify:
+            self.notify(text, severity=severity)  # type: ignore[arg-type]
+
+    def get_slaves(self) -> "SlaveControl | None":
+        """The slave control, built on first use (in a worker: it may load boto3)."""
+        with self._slaves_lock:
+            if self.slaves is None or self.slaves_stale:
+                if self.slaves is not None:
+                    self.slaves.close()
+                self.slaves_stale = False
+                self.slaves = self.backend.slaves(self._cloud_note, self._cloud_event)
+            return self.slaves
+
+    def _cloud_note(self, text: str) -> None:
+        self.post_message(CloudNote(text))
+
+    def _cloud_event(self, event: CloudEvent) -> None:
+        self.post_message(CloudEventPosted(event))
+
+    def poll_cloud(self) -> None:
+        self.panel(StatusBar).waiting.setdefault("cloud", time.monotonic())
+        self.run_worker(self._poll_cloud, name="cloud-poll", group="cloud", thread=True, exclusive=True,
+                        exit_on_error=False)
+
+    def _poll_cloud(self) -> None:
+        try:
+            slaves = self.get_slaves()
+            if slaves is None:
+                self.post_message(CostPolled(None, disabled=f"no cloud: {self.backend.profile.name} has no [cloud] "
+                                             "table (p: pick a profile with one, e.g. aws-spot.toml)"))
+                return
+            frame = slaves.poll()
+        except GputuiError as exc:
+            self.post_message(CostPolled(None, error=f"cloud: {exc}"))
+            return
+        self.post_message(CostPolled(frame))
+
+    def show_training(self) -> None:
+        self.panel(TrainingPanel).show(self.training, self.backend.profile.name)
+        self.show_cost()
+
+    def show_cost(self) -> None:
+        frame = None if self.cloud_disabled else self.cost_frame
+        self.panel(CostPanel).show(frame, self.training.eta_s, self.cost_note)
+
