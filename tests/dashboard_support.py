@@ -58,8 +58,14 @@ def screen_text(app: Any) -> str:
     return console.export_text(styles=False)
 
 
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
+def drive(app: Any, scenario: Callable[[Any], Any], size: tuple[int, int] = (120, 40), **run_test: Any) -> Any:
+    """Run `app` headless at `size` and `await scenario(pilot)`; return what it returns."""
+
+    async def main() -> Any:
+        async with app.run_test(size=size, **run_test) as pilot:
+            return await scenario(pilot)
+
+    return asyncio.run(main())
 
 
 class HangingSource:

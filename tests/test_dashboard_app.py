@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.message import Message
 
 from gputui.cloud.ledger import Ledger
@@ -16,7 +17,8 @@ from gputui.ui.events_panel import EventsLog
 from gputui.ui.messages import CloudEventPosted, TrainingLine, TrainingUpdate
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
-from tests.dashboard_support import HangingProvider, HangingSource, make_backend, run, screen_text, sim_provider, wait_for
+from tests.dashboard_support import (HangingProvider, HangingSource, drive, make_backend, screen_text, sim_provider,
+                                     wait_for)
 
 
 def log_text(app: Any) -> str:
@@ -32,32 +34,31 @@ def test_u_launches_d_terminates_the_selected_D_all(gputui_home: Path) -> None:
     app = create_app(make_backend(provider=provider))
     posted: list[Message] = []
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40), message_hook=posted.append) as pilot:
-            await wait_for(pilot, lambda: app.cloud_polls and app.hosts_polls, what="first polls")
-            await pilot.press("u")
-            await wait_for(pilot, lambda: rows(app) == 1, what="one slave")
-            assert provider.calls.count("launch") == 1
-            assert "g4dn.xlarge spot in us-east-1" in log_text(app) and "budget lasts" in log_text(app)
-            await pilot.press("u")
-            await wait_for(pilot, lambda: rows(app) == 2, what="two slaves")
-            first = app.query_one(SlavesTable).selected
-            await wait_for(pilot, lambda: first in screen_text(app) and "running" in screen_text(app))
-            await pilot.press("d")
-            await wait_for(pilot, lambda: rows(app) == 1, what="the selected slave gone")
-            assert first not in {k.value for k in app.query_one(SlavesTable).rows}
-            await pilot.press("D")
-            assert isinstance(app.screen, ChoiceScreen)
-            await pilot.press("c")  # cancel: nothing happens
-            assert not isinstance(app.screen, ChoiceScreen) and provider.calls.count("terminate") == 1
-            await pilot.press("D", "t")
-            await wait_for(pilot, lambda: rows(app) == 0, what="every slave gone")
-            assert provider.calls.count("terminate") == 2
-            await pilot.press("q")  # nothing runs any more: quits without asking
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: app.cloud_polls and app.hosts_polls, what="first polls")
+        await pilot.press("u")
+        await wait_for(pilot, lambda: rows(app) == 1, what="one slave")
+        assert provider.calls.count("launch") == 1
+        assert "g4dn.xlarge spot in us-east-1" in log_text(app) and "budget lasts" in log_text(app)
+        await pilot.press("u")
+        await wait_for(pilot, lambda: rows(app) == 2, what="two slaves")
+        first = app.query_one(SlavesTable).selected
+        await wait_for(pilot, lambda: first in screen_text(app) and "running" in screen_text(app))
+        await pilot.press("d")
+        await wait_for(pilot, lambda: rows(app) == 1, what="the selected slave gone")
+        assert first not in {k.value for k in app.query_one(SlavesTable).rows}
+        await pilot.press("D")
+        assert isinstance(app.screen, ChoiceScreen)
+        await pilot.press("c")  # cancel: nothing happens
+        assert not isinstance(app.screen, ChoiceScreen) and provider.calls.count("terminate") == 1
+        await pilot.press("D", "t")
+        await wait_for(pilot, lambda: rows(app) == 0, what="every slave gone")
+        assert provider.calls.count("terminate") == 2
+        await pilot.press("q")  # nothing runs any more: quits without asking
         kinds = [m.event.kind for m in posted if isinstance(m, CloudEventPosted)]
         assert kinds.count("launched") == 2 and kinds.count("terminated") == 2
 
-    run(scenario())
+    drive(app, scenario, message_hook=posted.append)
     assert app.return_code == 0
     assert Ledger(gputui_home / "ledger.sqlite3").instances(running=True) == []
 
@@ -68,56 +69,41 @@ def test_a_launch_past_the_budget_is_refused(tmp_path: Path) -> None:
     provider = sim_provider()
     app = create_app(make_backend(profile, provider=provider))
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.cloud_polls)
-            await pilot.press("u")
-            await wait_for(pilot, lambda: "launch refused" in log_text(app), what="the refusal")
-            assert "would break the $0.00 budget" in log_text(app)
-            assert "launch" not in provider.calls and rows(app) == 0
-            await pilot.press("q")
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: app.cloud_polls)
+        await pilot.press("u")
+        await wait_for(pilot, lambda: "launch refused" in log_text(app), what="the refusal")
+        assert "would break the $0.00 budget" in log_text(app)
+        assert "launch" not in provider.calls and rows(app) == 0
+        await pilot.press("q")
 
-    run(scenario())
+    drive(app, scenario)
 
 
-def test_quit_with_slaves_asks_cancel_then_terminate(gputui_home: Path) -> None:
+@pytest.mark.parametrize("answer", ["t", "k"])
+def test_quit_with_a_slave_asks_first(gputui_home: Path, answer: str) -> None:
     provider = sim_provider()
     app = create_app(make_backend(provider=provider))
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.cloud_polls)
-            await pilot.press("u")
-            await wait_for(pilot, lambda: rows(app) == 1)
-            await pilot.press("q")
-            assert isinstance(app.screen, ChoiceScreen)
-            assert "1 slave(s) running" in screen_text(app) and "Keep them" in screen_text(app)
-            await pilot.press("escape")
-            assert not isinstance(app.screen, ChoiceScreen) and app.is_running
-            await pilot.press("q", "t")
-            await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: app.cloud_polls)
+        await pilot.press("u")
+        await wait_for(pilot, lambda: rows(app) == 1)
+        await pilot.press("q")
+        assert isinstance(app.screen, ChoiceScreen)
+        assert "1 slave(s) running" in screen_text(app) and "Keep them" in screen_text(app)
+        await pilot.press("escape")  # cancel
+        assert not isinstance(app.screen, ChoiceScreen) and app.is_running
+        await pilot.press("q", answer)
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
 
-    run(scenario())
-    assert "terminate" in provider.calls
-    assert Ledger(gputui_home / "ledger.sqlite3").instances(running=True) == []
-
-
-def test_quit_keep_leaves_the_slaves_and_says_so(gputui_home: Path) -> None:
-    provider = sim_provider()
-    app = create_app(make_backend(provider=provider))
-
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.cloud_polls)
-            await pilot.press("u")
-            await wait_for(pilot, lambda: rows(app) == 1)
-            await pilot.press("q", "k")
-            await wait_for(pilot, lambda: not app.is_running)
-
-    run(scenario())
-    assert "terminate" not in provider.calls
-    assert len(Ledger(gputui_home / "ledger.sqlite3").instances(running=True)) == 1
-    assert "left running by your choice" in str(app.exit_message)
+    drive(app, scenario)
+    running = Ledger(gputui_home / "ledger.sqlite3").instances(running=True)
+    if answer == "t":  # terminate them
+        assert "terminate" in provider.calls and running == []
+    else:  # keep them
+        assert "terminate" not in provider.calls and len(running) == 1
+        assert "left running by your choice" in str(app.exit_message)
 
 
 def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> None:
@@ -125,34 +111,33 @@ def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> No
     app = create_app(make_backend(train_args=args))
     posted: list[Message] = []
 
-    async def scenario() -> Any:
-        async with app.run_test(size=(120, 40), message_hook=posted.append) as pilot:
-            await pilot.press("t")
-            await wait_for(pilot, lambda: app.training.status == "running" and app.training.loss_points, 90, "steps")
-            child = app.child
-            assert child is not None and child.running
-            assert child.argv[1:6] == ["-m", "gputui", "run", "--json", "--profile"]
-            await wait_for(pilot, lambda: "sim-0" in screen_text(app))
-            assert app.feed.source.sim.is_active(0)  # the simulation knows our run is on
-            shown = screen_text(app)
-            assert f"step {app.training.step}/" in shown and "seed · cpu · single" in shown
-            await pilot.press("t")
-            assert app.training.status in ("stopping", "interrupted")
-            await wait_for(pilot, lambda: app.training.exit_code is not None, 60, "the checkpoint and the exit")
-            assert app.training.status == "interrupted"
-            assert child.proc.returncode == 0 and "interrupted (SIGTERM)" in log_text(app)
-            before = len(app.training.loss_points)
-            await pilot.press("r")
-            await wait_for(pilot, lambda: app.training.resumed_from_step is not None and app.training.status == "running",
-                           90, "the resumed run")
-            assert app.child is not child and app.child.argv[5:7] == ["--resume", "last"]
-            assert len(app.training.loss_points) >= before  # the curves go on from the first part
-            second = app.child
-            await pilot.press("q")
-            await wait_for(pilot, lambda: not app.is_running, 60, "exit")
-            return second
+    async def scenario(pilot: Any) -> Any:
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.training.status == "running" and app.training.loss_points, 90, "steps")
+        child = app.child
+        assert child is not None and child.running
+        assert child.argv[1:6] == ["-m", "gputui", "run", "--json", "--profile"]
+        await wait_for(pilot, lambda: "sim-0" in screen_text(app))
+        assert app.feed.source.sim.is_active(0)  # the simulation knows our run is on
+        shown = screen_text(app)
+        assert f"step {app.training.step}/" in shown and "seed · cpu · single" in shown
+        await pilot.press("t")
+        assert app.training.status in ("stopping", "interrupted")
+        await wait_for(pilot, lambda: app.training.exit_code is not None, 60, "the checkpoint and the exit")
+        assert app.training.status == "interrupted"
+        assert child.proc.returncode == 0 and "interrupted (SIGTERM)" in log_text(app)
+        before = len(app.training.loss_points)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.training.resumed_from_step is not None and app.training.status == "running",
+                       90, "the resumed run")
+        assert app.child is not child and app.child.argv[5:7] == ["--resume", "last"]
+        assert len(app.training.loss_points) >= before  # the curves go on from the first part
+        second = app.child
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running, 60, "exit")
+        return second
 
-    second = run(scenario())
+    second = drive(app, scenario, message_hook=posted.append)
     assert second.proc.returncode == 0  # stopped with a checkpoint on quit, not left behind
     assert any(isinstance(m, TrainingLine) and "started" in m.text for m in posted)
     assert any(isinstance(m, TrainingLine) and "resumed at step" in m.text for m in posted)
@@ -162,86 +147,82 @@ def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> No
 def test_a_crashed_run_shows_its_error_line() -> None:
     app = create_app(make_backend(train_args=["--epochs", "0"]))
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.press("t")
-            await wait_for(pilot, lambda: app.training.status == "failed", 60, "the failure")
-            assert "gputui: error: --epochs 0" in screen_text(app)
-            assert "run failed (exit 2)" in log_text(app)
-            await pilot.press("q")
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.training.status == "failed", 60, "the failure")
+        assert "gputui: error: --epochs 0" in screen_text(app)
+        assert "run failed (exit 2)" in log_text(app)
+        await pilot.press("q")
 
-    run(scenario())
+    drive(app, scenario)
 
 
 def test_help_screen_lists_every_key_and_the_footer_shows_them() -> None:
     app = create_app(make_backend())
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: "Quit" in screen_text(app).splitlines()[-1], what="the footer")
-            footer = screen_text(app).splitlines()[-1]
-            for key in KEYS:
-                assert key.label in footer
-            await pilot.press("question_mark")
-            assert isinstance(app.screen, HelpScreen)
-            shown = screen_text(app)
-            for key in KEYS:
-                assert key.help.split(".")[0][:40] in " ".join(shown.split())
-            await pilot.press("u")  # the dashboard's keys do nothing under a dialog
-            await pilot.press("escape")
-            assert not isinstance(app.screen, HelpScreen)
-            assert "launching" not in log_text(app)
-            await pilot.press("q")
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: "Quit" in screen_text(app).splitlines()[-1], what="the footer")
+        footer = screen_text(app).splitlines()[-1]
+        for key in KEYS:
+            assert key.label in footer
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        shown = screen_text(app)
+        for key in KEYS:
+            assert key.help.split(".")[0][:40] in " ".join(shown.split())
+        await pilot.press("u")  # the dashboard's keys do nothing under a dialog
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        assert "launching" not in log_text(app)
+        await pilot.press("q")
 
-    run(scenario())
+    drive(app, scenario)
 
 
 def test_p_chooses_another_profile() -> None:
     app = create_app(make_backend())
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.press("p")
-            screen = app.screen
-            assert isinstance(screen, ProfileScreen)
-            target = next(i for i, p in enumerate(screen.profiles) if p.name == "fast.toml")
-            from textual.widgets import OptionList
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("p")
+        screen = app.screen
+        assert isinstance(screen, ProfileScreen)
+        target = next(i for i, p in enumerate(screen.profiles) if p.name == "fast.toml")
+        from textual.widgets import OptionList
 
-            screen.query_one(OptionList).highlighted = target
-            await pilot.press("enter")
-            await wait_for(pilot, lambda: app.backend.profile.name == "fast.toml")
-            assert app.query_one(StatusBar).profile == "fast.toml"
-            assert str(app.backend.profile) in app.backend.training_argv(resume=False)
-            assert "profile fast.toml" in log_text(app)
-            await pilot.press("q")
+        screen.query_one(OptionList).highlighted = target
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.backend.profile.name == "fast.toml")
+        assert app.query_one(StatusBar).profile == "fast.toml"
+        assert str(app.backend.profile) in app.backend.training_argv(resume=False)
+        assert "profile fast.toml" in log_text(app)
+        await pilot.press("q")
 
-    run(scenario())
+    drive(app, scenario)
 
 
 def test_the_screen_repaints_while_a_host_hangs_and_a_launch_is_in_progress() -> None:
     source, provider = HangingSource(), HangingProvider()
     app = create_app(make_backend(source=source, provider=provider))
 
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: source.started.is_set() and app.cloud_polls)
-            await pilot.press("u")
-            await wait_for(pilot, provider.launching.is_set, what="the launch to hang")
-            status = app.query_one(StatusBar)
-            renders, polls, started = status.renders, app.cloud_polls, time.monotonic()
-            await pilot.pause(3.5)
-            elapsed = time.monotonic() - started
-            assert status.renders - renders >= int(elapsed) - 1  # the 1 s tick kept drawing
-            assert app.cloud_polls > polls  # the cloud polls go on beside the hanging launch
-            assert "hosts: no answer for" in screen_text(app)
-            await pilot.press("question_mark")  # keys still answer at once
-            assert isinstance(app.screen, HelpScreen)
-            await pilot.press("escape")
-            source.release.set()
-            provider.release.set()
-            await wait_for(pilot, lambda: rows(app) == 1 and app.hosts_polls, what="the launch and the poll to land")
-            assert "no answer" not in screen_text(app)
-            await pilot.press("q", "t")
-            await wait_for(pilot, lambda: not app.is_running)
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: source.started.is_set() and app.cloud_polls)
+        await pilot.press("u")
+        await wait_for(pilot, provider.launching.is_set, what="the launch to hang")
+        status = app.query_one(StatusBar)
+        renders, polls, started = status.renders, app.cloud_polls, time.monotonic()
+        await pilot.pause(3.5)
+        elapsed = time.monotonic() - started
+        assert status.renders - renders >= int(elapsed) - 1  # the 1 s tick kept drawing
+        assert app.cloud_polls > polls  # the cloud polls go on beside the hanging launch
+        assert "hosts: no answer for" in screen_text(app)
+        await pilot.press("question_mark")  # keys still answer at once
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        source.release.set()
+        provider.release.set()
+        await wait_for(pilot, lambda: rows(app) == 1 and app.hosts_polls, what="the launch and the poll to land")
+        assert "no answer" not in screen_text(app)
+        await pilot.press("q", "t")
+        await wait_for(pilot, lambda: not app.is_running)
 
-    run(scenario())
+    drive(app, scenario)

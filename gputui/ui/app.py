@@ -76,9 +76,7 @@ class DashboardApp(TrainingActions, SlaveActions):
 
     # telemetry ---------------------------------------------------------------------
     def poll_hosts(self) -> None:
-        self.panel(StatusBar).waiting.setdefault("hosts", time.monotonic())
-        self.run_worker(self._poll_hosts, name="hosts-poll", group="telemetry", thread=True, exclusive=True,
-                        exit_on_error=False)
+        self.start_poll("hosts", self._poll_hosts)
 
     def _poll_hosts(self) -> None:
         try:

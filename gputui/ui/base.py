@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from textual.app import App
 from textual.timer import Timer
@@ -82,10 +82,13 @@ class DashboardBase(App[None]):
     def _cloud_event(self, event: CloudEvent) -> None:
         self.post_message(CloudEventPosted(event))
 
+    def start_poll(self, what: str, work: Callable[[], None]) -> None:
+        """One poll in its worker; its message schedules the next, so polls never overlap."""
+        self.panel(StatusBar).waiting.setdefault(what, time.monotonic())
+        self.run_worker(work, name=f"{what}-poll", group=what, thread=True, exclusive=True, exit_on_error=False)
+
     def poll_cloud(self) -> None:
-        self.panel(StatusBar).waiting.setdefault("cloud", time.monotonic())
-        self.run_worker(self._poll_cloud, name="cloud-poll", group="cloud", thread=True, exclusive=True,
-                        exit_on_error=False)
+        self.start_poll("cloud", self._poll_cloud)
 
     def _poll_cloud(self) -> None:
         try:
