@@ -10,6 +10,7 @@ import pytest
 from textual.message import Message
 
 from gputui.cloud.ledger import Ledger
+from gputui.errors import UserError
 from gputui.ui.app import create_app
 from gputui.ui.bindings import KEYS
 from gputui.ui.cost_panel import SlavesTable
@@ -224,5 +225,31 @@ def test_the_screen_repaints_while_a_host_hangs_and_a_launch_is_in_progress() ->
         assert "no answer" not in screen_text(app)
         await pilot.press("q", "t")
         await wait_for(pilot, lambda: not app.is_running)
+
+    drive(app, scenario)
+
+
+class BrokenCloud:
+    """A provider whose every call fails, as an account without credentials does."""
+
+    name, region = "sim", "us-east-1"
+
+    def __getattr__(self, _name: str) -> Any:
+        def fail(*_args: Any, **_kwargs: Any) -> Any:
+            raise UserError("no AWS credentials found (simulated)")
+
+        return fail
+
+
+def test_a_lasting_cloud_failure_stays_on_screen_and_is_logged_once() -> None:
+    app = create_app(make_backend(provider=BrokenCloud(), interval=0.1))
+
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: app.cloud_polls >= 4, what="several failed polls")
+        assert "no AWS credentials found" in screen_text(app).split("Cost & slaves")[1]
+        assert log_text(app).count("no AWS credentials found") == 1
+        await pilot.press("u")
+        await wait_for(pilot, lambda: "launch failed" in log_text(app))
+        await pilot.press("q")
 
     drive(app, scenario)

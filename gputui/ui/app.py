@@ -122,8 +122,9 @@ class DashboardApp(TrainingActions, SlaveActions):
             self.cost_frame = message.frame
             self.cost_note = "" if message.frame.budget.level == "ok" else (
                 "budget nearly spent" if message.frame.budget.level == "warn" else "budget reached: slaves stop")
-        elif message.error and message.error != self.cost_note:
-            self.log_event(message.error, "error")
+        elif message.error:
+            if message.error != self.cost_note:  # a lasting failure is logged once
+                self.log_event(message.error, "error")
             self.cost_note = message.error
         else:
             self.cost_note = message.disabled or ""

@@ -124,8 +124,10 @@ def _x_axis(width: int, x_max: float, steps_per_epoch: int | None, style: Style)
         epochs = int(x_max // steps_per_epoch)
         every = max(1, math.ceil(epochs * 4 / max(1, width)))
         marks = [(e * steps_per_epoch, f"{e}") for e in range(0, epochs + 1, every)]
-    else:
+    elif x_max >= 4:
         marks = [(x_max * k / 4, f"{x_max * k / 4:.0f}") for k in range(5)]
+    else:  # nothing to scale yet
+        marks = []
     for x, label in marks:
         col = min(width - 1, round((width - 1) * x / x_max)) if x_max > 0 else 0
         for j, ch in enumerate(label):
