@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from gputui.ui.app import create_app
 
     app = create_app(Backend(options))
+    # `kill PID` quits like q with "keep": the run checkpoints, the slaves stay (they are in the ledger).
+    previous = signal.signal(signal.SIGTERM, lambda *_: app.call_later(app.finish, "gputui: stopped by SIGTERM"))
     try:
         app.run()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if app.child is not None:
             app.child.shutdown()  # never leave the training child behind, however the app ended
     return int(app.return_code or 0)
