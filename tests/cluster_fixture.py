@@ -94,24 +94,29 @@ def cluster_profile(path: Path, servers: list[Sshd], key: Path, run: dict[str, A
     return path
 
 
-def leftovers(marker: str) -> list[str]:
-    """Command lines of live processes mentioning `marker` (a run id or directory)."""
+def leftovers(*markers: str) -> list[str]:
+    """Command lines of live processes mentioning any of `markers` (run directories, here or on a node)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if marker in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if any(m in cmd for m in markers) and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(cmd)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
 
 
-def wait_no_leftovers(marker: str, timeout: float = 30.0) -> list[str]:
+def wait_no_leftovers(*markers: str, timeout: float = 30.0) -> list[str]:
     """Leftover processes after up to `timeout` seconds (stopping takes a moment)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = leftovers(marker)
+        found = leftovers(*markers)
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def remote_run_dirs(run_id: str, *servers: Sshd) -> list[str]:
+    """Where the nodes keep a run (their processes name it)."""
+    return [str(server.home / ".gputui-cluster" / "runs" / run_id) for server in servers if server.home is not None]

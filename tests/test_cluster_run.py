@@ -22,7 +22,8 @@ from gputui.cluster.wheel import build_wheel
 from gputui.hosts import HostSpec
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
-    ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust, wait_no_leftovers,
+    ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,
+    wait_no_leftovers,
 )
 from .conftest import cli_env, json_lines, run_cli
 from .sshd_fixture import Sshd
@@ -88,7 +89,7 @@ def test_two_nodes_train_to_the_same_weights_as_one_process(
     where = subprocess.run([str(venv_py), "-c", "import gputui; print(gputui.__file__)"], capture_output=True,
                            text=True, cwd=str(node.home), env={"PATH": "/usr/bin:/bin"})
     assert str(venv_py.parent.parent) in where.stdout, where
-    assert wait_no_leftovers(str(run_dir)) == []
+    assert wait_no_leftovers(str(run_dir), *remote_run_dirs("multi", node)) == []
 
 
 def test_bootstrap_of_a_bootstrapped_slave_skips_everything(
@@ -176,4 +177,4 @@ def test_a_killed_trainer_restarts_and_the_run_resumes_from_its_checkpoint(
     assert [e["epoch"] for e in seen if e["event"] == "epoch"] == [1, 2, 3]
     # The checkpoint came back to the master's run directory.
     assert weights(run_dir)["step"] == 3 * steps_per_epoch
-    assert wait_no_leftovers(str(run_dir.name)) == [] or wait_no_leftovers(str(run_dir)) == []
+    assert wait_no_leftovers(str(run_dir), *remote_run_dirs("killed", *two_nodes)) == []

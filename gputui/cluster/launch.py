@@ -14,6 +14,7 @@ notice, the budget guard), the master relaunches it on the nodes it has, resumin
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import sys
@@ -39,6 +40,7 @@ from gputui.profiles import RunConfig
 
 CLOUD_SSH_WAIT_S = 300.0
 STOP_GRACE_S = 20.0
+EXIT_GRACE_S = 5.0  # after the group finished or stopped, how long the other nodes get to exit by themselves
 
 
 @dataclass
@@ -135,7 +137,7 @@ class ClusterRun:
             slaves = self.manager.ensure(cloud_count, minimum=max(0, s.min_slaves - len(static)))
             self.started_ids += [x.instance_id for x in slaves if x.started_here]
             if self.started_ids:
-                self.emit("slaves_started", instances=self.started_ids, message=f"{len(self.started_ids)} cloud slave(s) started")
+                self.emit("slaves_started", instances=list(self.started_ids), message=f"{len(self.started_ids)} cloud slave(s) started")
             for slave in slaves:
                 conn = self._connect(slave.spec, CLOUD_SSH_WAIT_S)
                 self.nodes.append(Node(slave.instance_id, "cloud", conn.address, slave.spec, conn, instance_id=slave.instance_id))
@@ -201,6 +203,8 @@ class ClusterRun:
             assert node.conn is not None and node.boot is not None
             run_dir = node.boot.run_dir(self.run.run_id)
             env = {**rdzv.env, "GPUTUI_HOME": node.boot.home}
+            if node.kind == "cloud" and os.environ.get("GPUTUI_IMDS_URL"):  # another metadata endpoint for the watcher
+                env["GPUTUI_IMDS_URL"] = os.environ["GPUTUI_IMDS_URL"]
             node.proc = RemoteNode(node.name, self.items, node.conn, node.boot.venv_python, node.boot.base,
                                    rdzv.torchrun_args(node.address, run_dir, node.name), env, STOP_GRACE_S,
                                    spot_watcher=node.kind == "cloud")
@@ -218,6 +222,8 @@ class ClusterRun:
             outcome = self._monitor()
             if outcome != "relaunch":
                 return outcome
+            if self.lost_at is None:
+                self.lost_at = self.last_step
             attempt += 1
             if attempt > self.settings.max_restarts:
                 raise GputuiError(f"cluster run stopped {attempt} times; giving up (max_restarts "
@@ -229,10 +235,17 @@ class ClusterRun:
     def _monitor(self) -> str:
         running = {n.name for n in self.nodes if n.proc is not None}
         stop_sent = False
+        ended_at: float | None = None  # when the group had finished or stopped and a node had exited
         while running:
-            if self.stop_reason and not stop_sent:
+            if ended_at is None and (self.last_event or {}).get("event") in ("done", "interrupted") \
+                    and len(running) < len(self.nodes):
+                ended_at = time.monotonic()
+            # A torchrun stopped by a signal (a spot notice) never reaches torchrun's exit barrier,
+            # where the others would wait 300 s: they have checkpointed; stop them.
+            late = ended_at is not None and time.monotonic() - ended_at > EXIT_GRACE_S
+            if (self.stop_reason or late) and not stop_sent:
                 stop_sent = True
-                self._stop_all()
+                self._stop_all(now=late and not self.stop_reason)
             try:
                 name, kind, payload = self.items.get(timeout=0.2)
             except queue.Empty:
@@ -306,10 +319,10 @@ class ClusterRun:
         # A torchrun that stops closes its rendezvous for everyone: the group is relaunched under a new one.
         self._stop_all()
 
-    def _stop_all(self) -> None:
+    def _stop_all(self, now: bool = False) -> None:
         for other in self.nodes:
             if other.proc is not None:
-                other.proc.stop()
+                other.proc.stop(now)
 
     def _replace(self, node: Node) -> Node | None:
         """A node to take a lost one's place: a new cloud slave, or the same host/master again."""

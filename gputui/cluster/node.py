@@ -7,7 +7,8 @@ node) and keeps the channel's stdin open. torchrun runs in its own process group
 output (stderr merged) is relayed line by line to stdout, where the master reads rank 0's
 events. When stdin reaches EOF (the master closed the channel, stopped, or died) or this
 process gets SIGTERM/SIGHUP, the whole group gets SIGTERM (workers checkpoint), then
-SIGKILL after a grace period: nothing is left running on the node. With
+SIGKILL after a grace period (at once when the master writes `kill`): nothing is left
+running on the node. With
 `--spot-watcher`, gputui's spot-interruption watcher watches torchrun too.
 """
 
@@ -55,14 +56,20 @@ class Group:
             pass
 
 
-def _watch_stdin(group: Group) -> None:
-    """EOF on stdin: the master is gone or done with us."""
+def _watch_stdin(group: Group, grace_s: float) -> None:
+    """EOF on stdin: the master is gone or done with us; `kill` on stdin: stop without a grace
+    period (the group has checkpointed already and only waits for peers that are gone)."""
     try:
-        while os.read(0, 4096):
-            pass
+        while True:
+            data = os.read(0, 4096)
+            if not data:
+                break
+            if b"kill" in data:
+                grace_s = 1.0
+                break
     except OSError:
         pass
-    threading.Thread(target=group.stop, name="gputui-node-stop", daemon=True).start()
+    threading.Thread(target=group.stop, args=(grace_s,), name="gputui-node-stop", daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     group = Group(proc)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: threading.Thread(target=group.stop, args=(args.grace,), daemon=True).start())
-    threading.Thread(target=_watch_stdin, args=(group,), name="gputui-node-stdin", daemon=True).start()
+    threading.Thread(target=_watch_stdin, args=(group, args.grace), name="gputui-node-stdin", daemon=True).start()
     watcher = None
     if args.spot_watcher:
         watcher = subprocess.Popen([sys.executable, "-m", "gputui.cloud.watcher", "--pid", str(proc.pid)],

@@ -67,7 +67,8 @@ class NodeProc:
         errors = [ln for ln in lines if "Error" in ln or "error" in ln]
         return (errors or lines or ["no output"])[-1].strip()[:200]
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:
+        """SIGTERM the node's torchrun (workers checkpoint), SIGKILL after the grace or, with `now`, at once."""
         raise NotImplementedError
 
     def kill(self) -> None:
@@ -95,9 +96,11 @@ class LocalNode(NodeProc):
         self.exit_code = self.proc.wait()
         self.items.put((self.name, "exit", self.exit_code))
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:
         try:
             if self.proc.stdin is not None and not self.proc.stdin.closed:
+                if now:
+                    self.proc.stdin.write(b"kill\n")
                 self.proc.stdin.close()
         except OSError:
             pass
@@ -146,8 +149,10 @@ class RemoteNode(NodeProc):
             self.exit_code = -1
         self.items.put((self.name, "exit", self.exit_code))
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:
         try:
+            if now:
+                self.channel.sendall(b"kill\n")
             self.channel.shutdown_write()
         except Exception:  # noqa: BLE001 - already closed
             pass

@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit_line(event)
 
     stop = StopFlag()
+    stop.reason = "stopped on another node"  # what this rank reports when a peer's signal stops the group
     # Until training starts there is nothing to checkpoint: SIGTERM ends the process at once, even
     # inside a blocking gloo connect (torchrun stopping a group it restarts waits for that).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
