@@ -17,19 +17,7 @@ from gputui.errors import GputuiError
 from gputui.profiles import parse_profile
 
 from .moto_fixture import public_key_line
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+from .test_cloud_budget import T0, Clock  # the hand-driven clock of the cloud tests
 
 
 def settings(tmp_path: Path, budget: float = 5.0, idle: float = 30.0, keep: bool = False) -> ClusterSettings:
