@@ -11,6 +11,7 @@ gradient of the whole batch).
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +55,25 @@ class StopFlag:
 
     def is_set(self) -> bool:
         return self._event.is_set()
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed blocks instead of unmapping them after every step.
+
+    The batch tensors here are a few MB each: above glibc's mmap threshold, so every
+    step would map fresh pages and fault them in (kernel time, worse in a VM). Keeping
+    them in the heap makes steps ~30% faster on a 2-core VM. A no-op off glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 28)  # M_MMAP_THRESHOLD: 256 MiB
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: 1 GiB
+    except (OSError, AttributeError):
+        pass
 
 
 def lr_at(cfg: RunConfig, step: int, total: int) -> float:
@@ -146,6 +166,7 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise UserError(f"batch_size {cfg.batch_size} is larger than the {self.n} training images")
         self.total_steps = self.steps_per_epoch * cfg.epochs
+        keep_freed_memory()
         torch.manual_seed(cfg.seed)
         model = nets.build(cfg.model, data.image_shape, data.num_classes)
         self.model = model.to(device=device, memory_format=torch.channels_last)
