@@ -126,7 +126,13 @@ class ClusterRun:
         static = list(s.hosts)[: s.slaves_needed]
         cloud_count = s.slaves_needed - len(static)
         with ThreadPoolExecutor(max_workers=max(1, len(static))) as pool:
-            conns = list(pool.map(self._connect, static)) if static else []
+            futures = [pool.submit(self._connect, spec) for spec in static]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        conns = [f.result() for f in futures if f.exception() is None]
+        if failed:
+            for conn in conns:  # no connection outlives a failed bring-up
+                conn.close()
+            raise failed[0]  # type: ignore[misc]
         self.nodes = [Node(c.name, "host", c.address, spec, c) for spec, c in zip(static, conns)]
         if cloud_count:
             if self.manager is None:
