@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -171,13 +172,36 @@ class _stop_on_signals:
             signal.signal(sig, handler)
 
 
+def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> None:
+    """Note a local run's start (ended=None) or end in the cost ledger; never fails the run."""
+    import sqlite3
+
+    from gputui.cloud.ledger import Ledger
+    from gputui.errors import GputuiError
+
+    try:
+        with Ledger() as ledger:
+            if ended is None:
+                ledger.start_run(run_id, "local", time.time())
+            else:
+                ledger.end_run(run_id, time.time(), ended)
+    except (GputuiError, sqlite3.Error, OSError) as exc:
+        say(f"gputui: warning: run not recorded in the cost ledger ({exc})")
+
+
 def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> int:
     """Prepare and execute a run; return the process exit code (0 done or interrupted)."""
     run_dir, cfg, resume = prepare(req)
+    local = cluster_profile(run_dir.path) is None  # cluster runs keep their own ledger lines
+    if local:
+        _record_run(run_dir.run_id, None, say)
+    outcome = "failed"
     try:
         outcome = execute(run_dir, cfg, resume, view)
     finally:
         view.close()
+        if local:
+            _record_run(run_dir.run_id, outcome, say)
     if outcome == "interrupted":
         ref = run_dir.run_id if run_dir.path.parent == runs_home() else str(run_dir.path)
         say(f"interrupted: checkpoint saved in {run_dir.path}; resume with: gputui run --resume {ref}")

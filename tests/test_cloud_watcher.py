@@ -195,3 +195,23 @@ def test_the_master_reaches_the_slaves_over_ssh(tmp_path: Path, monkeypatch: pyt
                                 None, None)
     with pytest.raises(GputuiError, match="i-2: no address"):
         ssh_checkpointer("ubuntu")([no_address])
+
+
+def test_remote_checkpoint_prefers_the_cluster_venv(tmp_path: Path) -> None:
+    """A slave bootstrapped by gputui cluster has gputui in its venv, not in the system python3."""
+    venv_python = tmp_path / ".gputui-cluster" / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    used = tmp_path / "used.txt"
+    venv_python.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exit 0\necho "$@" > {used}\n')
+    venv_python.chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    result = subprocess.run(["sh", "-c", REMOTE_CHECKPOINT], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert used.read_text().split() == ["-m", "gputui.cloud.watcher", "--checkpoint-all"]
+
+
+def test_remote_checkpoint_without_gputui_fails_clearly(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PATH": str(tmp_path)}  # no venv, no python3 on PATH
+    result = subprocess.run(["/bin/sh", "-c", REMOTE_CHECKPOINT], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 3
+    assert "gputui is not installed on this slave" in result.stderr

@@ -11,7 +11,13 @@ from gputui.cloud.budget import Checkpointer
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
 
-REMOTE_CHECKPOINT = "python3 -m gputui.cloud.watcher --checkpoint-all"
+# The slave's gputui is in the cluster bootstrap's venv (default remote_dir) or, on a slave
+# set up by hand, importable by its python3: use the first that has it.
+REMOTE_CHECKPOINT = (
+    "for py in ~/.gputui-cluster/venv/bin/python python3; do "
+    "if \"$py\" -c 'import gputui' 2>/dev/null; then exec \"$py\" -m gputui.cloud.watcher --checkpoint-all; fi; "
+    "done; echo 'gputui is not installed on this slave' >&2; exit 3"
+)
 
 
 def ssh_command(ssh_user: str, address: str, ssh: str | None = None) -> list[str]:
