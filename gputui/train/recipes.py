@@ -32,10 +32,10 @@ RECIPES: dict[str, Recipe] = {
     "seed": Recipe(
         model="seed",
         summary="the paper's network: conv+pool, conv+pool to 100 values, 25 ReLU, softmax; L1",
-        epochs=10,
+        epochs=12,
         batch_size=512,
         optimizer="adam",
-        lr=0.03,
+        lr=0.02,
         momentum=0.9,
         betas=(0.9, 0.999),
         weight_decay=0.0,
