@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from gputui.cloud.settings import CLOUD_SECTION
 from gputui.cluster.settings import CLUSTER_SECTION
-from gputui.errors import UserError
+from gputui.errors import UserError, read_user_file
 from gputui.hosts import HOSTS_SECTION
 from gputui.schema import Field, Section, Source
 from gputui.train.recipes import MODEL_NAMES, RECIPES
@@ -198,10 +198,5 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
 
 def load_profile(path: Path) -> Profile:
     """Read and validate a profile file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: profile not found (profiles ship in profiles/, e.g. profiles/local.toml)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read profile: {exc}") from None
+    text = read_user_file(path, "profile", " (profiles ship in profiles/, e.g. profiles/local.toml)")
     return parse_profile(text, path)

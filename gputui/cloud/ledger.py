@@ -53,6 +53,14 @@ def default_path() -> Path:
     return data_home() / "ledger.sqlite3"
 
 
+def connect(path: Path) -> sqlite3.Connection:
+    """An autocommit, thread-shareable connection to the SQLite file at `path`, in WAL mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    return db
+
+
 class Ledger:
     """The cost ledger at `path` (default: ledger.sqlite3 in the user data directory)."""
 
@@ -60,9 +68,7 @@ class Ledger:
         self.path = Path(path) if path is not None else default_path()
         self._lock = threading.RLock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db = connect(self.path)
             self._db.execute("PRAGMA synchronous=NORMAL")  # durable across process kills in WAL mode
             self._migrate()
         except sqlite3.DatabaseError as exc:

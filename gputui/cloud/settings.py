@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gputui.errors import UserError
+from gputui.errors import UserError, read_user_file
 from gputui.paths import profiles_dir
 from gputui.schema import Field, Section, Source
 
@@ -104,12 +104,7 @@ class CloudSettings:
         """The public key text (one OpenSSH line); a private key or a missing file is a UserError."""
         path = self.public_key_path()
         where = f"[cloud] public_key in {self.source}" if self.source else "[cloud] public_key"
-        try:
-            text = path.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            raise UserError(f"{path}: public key not found ({where}); make one with ssh-keygen -t ed25519") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"{path}: cannot read public key: {exc}") from None
+        text = read_user_file(path, "public key", f" ({where}); make one with ssh-keygen -t ed25519").strip()
         if "PRIVATE KEY" in text:
             raise UserError(f"{path}: this is a private key; {where} must name the .pub file")
         if not re.match(r"^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?$", text):

@@ -32,14 +32,12 @@ class ClusterStore:
     """The cluster tables in the ledger file at `path` (default: the ledger's)."""
 
     def __init__(self, path: Path | None = None) -> None:
-        from gputui.cloud.ledger import default_path
+        from gputui.cloud.ledger import connect, default_path
 
         self.path = Path(path) if path is not None else default_path()
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db = connect(self.path)
             self._db.executescript(SCHEMA)
         except (sqlite3.DatabaseError, OSError) as exc:
             raise GputuiError(f"ledger {self.path} cannot be opened: {exc}") from None

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import IO, Sequence
 
-from gputui.errors import UserError
+from gputui.errors import UserError, read_user_file
 from gputui.model.telemetry import HostSnapshot, round_from_dict, round_to_dict
 
 
@@ -39,12 +39,7 @@ class Recorder:
 
 def read_rounds(path: Path) -> list[list[HostSnapshot]]:
     """Every round of a recording; errors name the file and the line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path}: recording not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read recording: {exc}") from None
+    lines = read_user_file(path, "recording").splitlines()
     rounds = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
