@@ -234,3 +234,34 @@ def test_imports_stay_apart(imports: str, forbidden: tuple[str, ...]) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+def test_host_feed_meters_gpu_energy_into_the_ledger(tmp_path: Path) -> None:
+    """With kwh_price set, every round's GPU power is integrated and written to the ledger."""
+    from gputui.cloud.energy import EnergyMeter
+    from gputui.cloud.ledger import Ledger
+    from gputui.dashboard.hosts import ENERGY_FLUSH_S, HostFeed
+    from gputui.sources.sim import SimSource
+
+    now = [1_000_000.0]
+    clock = lambda: now[0]  # noqa: E731
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    meter = EnergyMeter(ledger, kwh_price=0.30, kinds=("sim",))
+    feed = HostFeed(SimSource(hosts=1, gpus=2, seed=1, clock=clock), clock=clock, meter=meter)
+    feed.poll()
+    for _ in range(int(ENERGY_FLUSH_S) - 1):  # one round a second, as the dashboard polls
+        now[0] += 1
+        feed.poll()
+    assert ledger.energy() == []  # nothing written before a flush interval has passed
+    now[0] += 2
+    feed.poll()
+    lines = ledger.energy()
+    assert sorted(line[0] for line in lines) == ["sim-0/gpu0", "sim-0/gpu1"]
+    for subject, _cluster, _run, start, end, kwh, rate in lines:
+        assert end - start == pytest.approx(ENERGY_FLUSH_S + 1)
+        assert 0.30 * kwh < 1  # a simulated GPU's minute costs cents, not dollars
+        assert kwh > 0 and rate == 0.30
+    now[0] += 1
+    feed.poll()
+    feed.close()  # the rest is flushed on close
+    assert len(ledger.energy()) == 4

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 from gputui.model.telemetry import HostSnapshot, TelemetryHistory
 
 SPARK_LEN = 60  # samples of utilisation kept per GPU for the sparklines
+ENERGY_FLUSH_S = 60.0  # how often metered local GPU energy is written to the ledger
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,13 @@ class HostsFrame:
 class HostFeed:
     """Polls a telemetry source (Telemetry, SimSource, ReplaySource) and keeps the histories."""
 
-    def __init__(self, source: Any, clock: Callable[[], float] = time.time, spark_len: int = SPARK_LEN) -> None:
+    def __init__(self, source: Any, clock: Callable[[], float] = time.time, spark_len: int = SPARK_LEN,
+                 meter: Any = None) -> None:
         self.source = source
         self.clock = clock
         self.history = TelemetryHistory(maxlen=spark_len)
+        self.meter = meter  # a gputui.cloud.energy.EnergyMeter when the profile prices electricity
+        self._flushed = clock()
 
     def poll(self) -> HostsFrame:
         from gputui.monitoring import poll_round
@@ -43,6 +47,11 @@ class HostFeed:
         started = time.monotonic()
         hosts = poll_round(self.source)
         self.history.update(hosts)
+        if self.meter is not None:
+            for host in hosts:
+                self.meter.add_snapshot(host)
+            if self.clock() - self._flushed >= ENERGY_FLUSH_S:
+                self._flush()
         util = {(h.name, g.index): tuple(self.history.gpu(h.name, g.index, "util_pct").values())
                 for h in hosts for g in h.gpus}
         return HostsFrame(self.clock(), tuple(hosts), util, time.monotonic() - started)
@@ -53,5 +62,16 @@ class HostFeed:
         if set_active is not None:
             set_active(0, active)
 
+    def _flush(self) -> None:
+        from gputui.errors import GputuiError
+
+        self._flushed = self.clock()
+        try:
+            self.meter.flush()
+        except GputuiError:
+            pass  # the ledger is unavailable: energy is an estimate, the panel goes on
+
     def close(self) -> None:
+        if self.meter is not None:
+            self._flush()
         self.source.close()

@@ -111,7 +111,22 @@ class Backend:
             from gputui.monitoring import TelemetryRequest, build_source
 
             source = build_source(TelemetryRequest(profile=o.profile))
-        return HostFeed(source, clock=self.clock)
+        return HostFeed(source, clock=self.clock, meter=self.energy_meter())
+
+    def energy_meter(self) -> Any:
+        """Meters this machine's GPU energy into the ledger when [cloud] sets kwh_price; else None."""
+        from gputui.errors import GputuiError
+
+        try:
+            settings = self.cloud_settings()
+        except GputuiError:
+            return None  # a broken [cloud] table is reported by the cost panel
+        if settings is None or settings.kwh_price is None:
+            return None
+        from gputui.cloud.energy import EnergyMeter
+        from gputui.cloud.ledger import Ledger
+
+        return EnergyMeter(Ledger(), settings.kwh_price)
 
     def cloud_settings(self) -> Any:
         """The [cloud] settings, or None when the profile has none (and this is no demo)."""
