@@ -75,12 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gputui-node", dest="node", required=True, help="this node's name (shown in the events)")
     args = parser.parse_args(argv)
 
-    import torch.distributed as tdist
-
     from gputui.profiles import load_profile
     from gputui.train import checkpoint
     from gputui.train.data import load_dataset
-    from gputui.train.distributed import init_rank
+    from gputui.train.distributed import error_event, init_rank, leave_group
     from gputui.train.loop import Dist, StopFlag, Trainer
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -118,11 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(sig, lambda s, _f: stop.set(signal.Signals(s).name))
         trainer.train(resume=resumed is not None)
     except GputuiError as exc:
-        emit({"event": "error", "time": round(time.time(), 3), "message": str(exc), "exit_code": exc.exit_code})
+        emit(error_event(exc))
         code = exc.exit_code
     finally:
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
+        leave_group()
     return code
 
 

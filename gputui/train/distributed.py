@@ -143,14 +143,25 @@ def init_rank(cfg: Any, local_rank: int) -> Any:
     return device
 
 
+def error_event(exc: GputuiError) -> dict[str, Any]:
+    """The `error` event a rank emits before it exits with the error's code."""
+    return {"event": "error", "time": round(time.time(), 3), "message": str(exc), "exit_code": exc.exit_code}
+
+
+def leave_group() -> None:
+    """Destroy this process's group if it joined one (after training, or after an error)."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """One torchrun rank: train the run in --run-dir; rank 0 writes events and checkpoints."""
     parser = argparse.ArgumentParser(prog="gputui-ddp-worker")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-
-    import torch.distributed as tdist
 
     from gputui.profiles import load_profile
     from gputui.runs import EventLog, encode
@@ -177,11 +188,10 @@ def worker_main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, run, data, device, emit, stop, dist=Dist(rank, world))
         trainer.train(resume=args.resume)
     except GputuiError as exc:
-        emit({"event": "error", "time": round(time.time(), 3), "message": str(exc), "exit_code": exc.exit_code})
+        emit(error_event(exc))
         code = exc.exit_code
     finally:
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
+        leave_group()
         if log is not None:
             log.close()
     return code
