@@ -149,3 +149,23 @@ def test_corrupt_checkpoint_is_a_clear_error(small_data: Path, tmp_path: Path, d
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "checkpoint" in lines[0], result.stderr
+
+
+def test_full_disk_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from gputui.errors import GputuiError
+    from gputui.train import checkpoint
+
+    path = tmp_path / "ckpt.pt"
+    checkpoint.save(path, {"step": 1})
+
+    def no_space(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(GputuiError, match="cannot write checkpoint .*No space left on device; free space"):
+        checkpoint.save(path, {"step": 2})
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 1  # the old checkpoint is intact
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
