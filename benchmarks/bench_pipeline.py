@@ -30,7 +30,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from gputui.console import View
+from gputui.console import CollectView
 from gputui.profiles import RunSettings, load_profile
 from gputui.runner import RunRequest, default_profile, execute, prepare
 from gputui.train import nets
@@ -82,23 +82,12 @@ def baseline(batches: int) -> float:
     return seen / (time.perf_counter() - t0)
 
 
-class Quiet:
-    def __init__(self) -> None:
-        self.events: list[dict[str, object]] = []
-
-    def show(self, event: dict[str, object]) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
-
-
 def gputui_trainer() -> float:
     """Samples/s of (b): the second of two epochs with the default profile, timed by the trainer."""
     with tempfile.TemporaryDirectory() as tmp:
         req = RunRequest(profile=None, overrides=RunSettings(epochs=2), run_dir=Path(tmp) / "run")
         run, cfg, resume = prepare(req)
-        view = Quiet()
+        view = CollectView()
         execute(run, cfg, resume, view)  # type: ignore[arg-type]
     start = view.events[0]
     first, second = [e for e in view.events if e["event"] == "epoch"]

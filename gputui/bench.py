@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gputui.console import CollectView
 from gputui.errors import GputuiError
 
 FULL_EPOCH = 60000  # images in one epoch of MNIST: what "s/epoch" is quoted for
@@ -80,19 +81,6 @@ def plan(models: Sequence[str], gpu_count: int, cpu_procs: int, cluster: Any = N
     return rows
 
 
-class _Collect:
-    """A run view that keeps the events."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def show(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
-
-
 def slice_dataset(folder: Path, train_images: int) -> Path:
     """The first `train_images` training images of the bundled MNIST (and a few test images) as IDX files."""
     import gzip
@@ -123,7 +111,7 @@ def measure(spec: RowSpec, data: Path, batch_size: int, work: Path) -> BenchRow:
     settings = RunSettings(model=spec.model, device=None if spec.strategy == "cluster" else spec.device,
                            strategy=None if spec.strategy == "cluster" else spec.strategy, nproc=spec.nproc, gpus=spec.gpus,
                            epochs=1, batch_size=batch_size, evals_per_epoch=1, seed=0, data=str(data), threads=spec.threads)
-    view = _Collect()
+    view = CollectView()
     request = RunRequest(profile=spec.profile, overrides=settings, run_dir=work / spec.label.replace(" ", "_").replace(":", ""))
     try:
         run(request, view, say=lambda _m: None)

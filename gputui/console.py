@@ -16,6 +16,19 @@ class View(Protocol):
     def close(self) -> None: ...
 
 
+class CollectView:
+    """Keeps every event in `events` and shows nothing (benchmarks, tests, scripts)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def show(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
 class JsonView:
     """`--json`: exactly one JSON line per event on stdout, nothing else there."""
 
