@@ -3,8 +3,11 @@ installed from a locally built wheel, the dataset (md5-verified), and a marker f
 
 The marker (gputui version, wheel hash, Python, torch, datasets present) makes a second
 bootstrap one SSH round trip: when it matches, nothing is checked again or copied. The
-venv reuses the slave's own torch (`--system-site-packages`); the wheel is installed with
-`pip install --no-deps --no-index`, so the slave needs no internet.
+venv reuses the slave's own torch wherever that Python keeps it (system, venv, conda,
+pyenv, uv, user site): a `.pth` file in the venv adds the probed interpreter's own site
+directories. (`--system-site-packages` would not do: from an interpreter that is itself a
+venv, it exposes the *base* interpreter's packages, not the venv's, and torch is missing.)
+The wheel is installed with `pip install --no-deps --no-index`, so the slave needs no internet.
 """
 
 from __future__ import annotations
@@ -27,10 +30,16 @@ MARKER = "marker.json"
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 1)
 
-# Reads versions from package metadata (importing torch would take seconds).
+# Reads versions from package metadata (importing torch would take seconds), and where this
+# Python keeps its packages (the venv will see the same ones).
+PTH = "_gputui_base_site.pth"
 _PROBE = r"""
-import json, sys
+import json, os, site, sys
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable}
+dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+if site.ENABLE_USER_SITE:
+    dirs.append(site.getusersitepackages())
+out["site"] = [d for i, d in enumerate(dirs) if os.path.isdir(d) and d not in dirs[:i]]
 try:
     from importlib import metadata
 except ImportError:
@@ -108,6 +117,14 @@ class Bootstrapped:
         return f"{self.base}/home"
 
 
+def site_pth(dirs: list[str]) -> str:
+    """A .pth line that adds `dirs` (and their own .pth files) after the venv's site-packages."""
+    # site runs an `import` line of a .pth with exec() in a function: no comprehensions (they
+    # cannot see its local names), one call per directory.
+    calls = "".join(f"; site.addsitedir({d!r})" for d in dirs if isinstance(d, str) and d and "\n" not in d)
+    return f"import site{calls}\n"
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split("+")[0].split(".")[:3]:
@@ -155,7 +172,7 @@ class Bootstrapper:
 
     def wanted_marker(self, probe: dict[str, Any]) -> dict[str, Any]:
         return {"gputui": __version__, "wheel": self.wheel.source_hash, "python": probe.get("executable"),
-                "torch": probe.get("torch"), "master_torch": self.master_torch}
+                "site": probe.get("site"), "torch": probe.get("torch"), "master_torch": self.master_torch}
 
     def bootstrap(self, conn: SlaveConnection) -> Bootstrapped:
         """Make `conn`'s slave ready; a few round trips when it already is."""
@@ -212,8 +229,11 @@ class Bootstrapper:
     def _install(self, conn: SlaveConnection, base: str, probe: dict[str, Any], steps: list[str]) -> None:
         venv = f"{base}/venv"
         q = shlex.quote
-        conn.check(f"test -x {q(venv)}/bin/python || {q(str(probe['executable']))} -m venv --system-site-packages "
+        conn.check(f"test -x {q(venv)}/bin/python || {q(str(probe['executable']))} -m venv "
                    f"--without-pip {q(venv)}", what="creating the venv (needs the venv module, e.g. python3-venv)")
+        purelib = conn.check(f"{q(venv)}/bin/python -c " + q("import sysconfig; print(sysconfig.get_paths()['purelib'])"),
+                             what="finding the venv's site-packages").strip().splitlines()[-1]
+        conn.put_text(site_pth(probe.get("site") or []), f"{purelib}/{PTH}")
         steps.append("venv")
         remote_wheel_dir = f"{base}/wheels/{self.wheel.source_hash}"
         remote_wheel = f"{remote_wheel_dir}/{self.wheel.name}"
@@ -225,7 +245,7 @@ class Bootstrapper:
         if size != self.wheel.path.stat().st_size:
             conn.put(self.wheel.path, remote_wheel)
             steps.append("wheel copied")
-        conn.check(f"{q(venv)}/bin/python -m pip --version >/dev/null 2>&1 || {q(venv)}/bin/python -m ensurepip -q",
+        conn.check(f"{q(venv)}/bin/python -m pip --version >/dev/null 2>&1 || {q(venv)}/bin/python -m ensurepip >/dev/null",
                    what="finding pip for the venv (install python3-pip there)")
         conn.check(f"{q(venv)}/bin/python -m pip install -q --no-deps --no-index --force-reinstall "
                    f"--disable-pip-version-check {q(remote_wheel)}", timeout=300, what="installing gputui's wheel")

@@ -58,7 +58,7 @@ CLUSTER_SECTION = Section(
                                    30.0, minimum=0, maximum=10080),
         "remote_dir": Field("str", "Base directory on each slave for gputui's venv, data and runs ('~' = its home).",
                             "~/.gputui-cluster"),
-        "python": Field("str", "Python on the slaves (needs torch; its venv reuses the system torch).", "python3"),
+        "python": Field("str", "Python on the slaves (needs torch; gputui's venv there reuses that Python's torch, wherever it is installed).", "python3"),
         "socket_ifname": Field("str", "Network interface for gloo/NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) on "
                                "every node, e.g. 'eth0' (default: their choice).", None,
                                check=_check(_IFNAME, "an interface name such as 'eth0'")),
