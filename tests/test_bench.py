@@ -39,10 +39,20 @@ def test_bench_measures_cpu_ddp_and_the_cluster_and_keeps_the_rows(
     assert ddp["extra"]["world_size"] == 2 and cluster["extra"]["world_size"] == 2 and cluster["workers"] == 2
     assert ddp["speedup"] == pytest.approx(ddp["samples_per_s"] / cpu["samples_per_s"], rel=0.01)
     assert cluster["efficiency"] == pytest.approx(cluster["speedup"] / 2, rel=0.01)
+    # The GPU rows follow what this machine has: measured when CUDA devices are visible,
+    # one skipped row per configuration with the reason when none is (stated, not invented).
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = max(gpus, 1)
     gpu_rows = [r for r in doc["rows"] if "cuda" in r["label"] or "GPU" in r["label"]]
-    if not torch.cuda.is_available():  # stated, not invented
-        assert gpu_rows and all(r["status"] == "skipped" and r["detail"] == "no GPU (CUDA) visible here"
-                                and r["samples_per_s"] is None for r in gpu_rows)
+    assert [r["label"] for r in gpu_rows] == [f"seed cuda:{i}" for i in range(n)] + [
+        f"seed dataparallel x{n} GPU", f"seed ddp x{n} GPU"]
+    for row in gpu_rows:
+        if gpus:
+            assert row["status"] == "ok" and row["samples_per_s"] > 0 and row["detail"] == "", row
+            assert str(row["extra"]["device"]).startswith("cuda"), row
+        else:
+            assert (row["status"], row["detail"], row["samples_per_s"], row["speedup"]) == (
+                "skipped", "no GPU (CUDA) visible here", None, None), row
     with ClusterStore(gputui_home / "ledger.sqlite3") as store:
         kept = store.bench_history()
     assert [r["label"] for r in kept] == [r["label"] for r in doc["rows"]]

@@ -6,10 +6,29 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from gputui.cli import main
 
 from .conftest import json_lines, run_cli
+
+# What this machine has, as the test process sees it: the expectations below follow it, so
+# the suite means the same on a laptop, on CI (no GPU) and on a GPU machine.
+CUDA_COUNT = torch.cuda.device_count() if torch.cuda.is_available() else 0
+MPS = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def auto_device() -> str:
+    """The device `--device auto` must pick here: CUDA, then MPS, then the CPU."""
+    return "cuda:0" if CUDA_COUNT else ("mps" if MPS else "cpu")
+
+
+def cuda_beyond(count: int) -> tuple[str, str]:
+    """A cuda:N past the last visible device, and the message it must give with `count` devices."""
+    spec = f"cuda:{max(count, 3)}"
+    if count == 0:
+        return spec, f"--device {spec}: no CUDA device is available"
+    return spec, f"--device {spec}: only {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})"
 
 
 def test_json_stream_has_only_events(small_data: Path, tmp_path: Path) -> None:
@@ -23,7 +42,7 @@ def test_json_stream_has_only_events(small_data: Path, tmp_path: Path) -> None:
     start = events[0]
     for key in ("run_id", "model", "device", "strategy"):
         assert key in start
-    assert start["model"] == "seed" and start["device"] == "cpu" and start["strategy"] == "single"
+    assert start["model"] == "seed" and start["device"] == auto_device() and start["strategy"] == "single"
     step = next(e for e in events if e["event"] == "step")
     assert set(step) >= {"epoch", "step", "loss", "samples_per_s", "lr"}
     epoch = [e for e in events if e["event"] == "epoch"][-1]
@@ -67,7 +86,7 @@ def test_human_output_without_json(small_data: Path, tmp_path: Path) -> None:
         (["--epochs", "x"], "--epochs x: expected a whole number >= 1"),
         (["--model", "vgg"], "--model vgg: expected one of 'seed', 'fast'"),
         (["--device", "tpu"], "--device tpu: expected 'auto', 'cpu'"),
-        (["--device", "cuda:3"], "--device cuda:3: no CUDA device is available"),
+        (["--device", cuda_beyond(CUDA_COUNT)[0]], cuda_beyond(CUDA_COUNT)[1]),
         (["--data", "/nonexistent/dir"], "/nonexistent/dir: no such data directory"),
         (["--profile", "/nonexistent.toml"], "/nonexistent.toml: profile not found"),
         (["--resume", "last"], "--resume last: no runs in"),
@@ -90,6 +109,19 @@ def test_user_errors_exit_2_with_one_line(
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_cuda_index_past_the_visible_devices_says_how_many(
+    count: int, small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message for each GPU count (the parametrised test above sees only this machine's)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    spec, message = cuda_beyond(count)
+    code = main(["run", "--data", str(small_data), "--run-dir", str(tmp_path / "r"), "--device", spec])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
 
 
 def test_broken_profile_in_a_real_process(tmp_path: Path) -> None:
