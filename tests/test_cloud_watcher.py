@@ -1,5 +1,6 @@
 """The spot interruption watcher against a fake instance-metadata server on loopback,
-with real processes receiving SIGTERM; and the master's SSH route to it."""
+with real processes receiving SIGTERM; and the master's remote command to it (through a
+stand-in ssh here; the real OpenSSH route is tested in test_guard_ssh.py)."""
 
 from __future__ import annotations
 
@@ -170,7 +171,8 @@ def test_checkpoint_all_signals_every_watched_run(tmp_path: Path) -> None:
 
 
 def test_the_master_reaches_the_slaves_over_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stand-in `ssh` runs the remote command here, so the whole route is exercised."""
+    """A stand-in `ssh` runs the remote command here: the fan-out and the remote command, not
+    the ssh client (test_guard_ssh.py takes the real client to a real sshd)."""
     fake_ssh = tmp_path / "ssh"
     calls = tmp_path / "calls.txt"
     fake_ssh.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nfor last; do :; done\nexec sh -c "$last"\n')

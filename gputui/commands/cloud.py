@@ -251,7 +251,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
     from gputui.cloud.budget import BudgetGuard, guard_loop
     from gputui.cloud.leaks import exit_check
     from gputui.cloud.pricing import PriceBook
-    from gputui.cloud.remote import ssh_checkpointer
+    from gputui.cloud.remote import cloud_checkpointer
     from gputui.commands import cloud_view as view
     from gputui.errors import UserError
 
@@ -270,7 +270,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
             if args.detached:
                 return 0
             raise UserError(f"a budget guard already watches cluster {ctx.cluster} (see {guardian.log_path(ctx)})")
-        checkpoint = ssh_checkpointer(ctx.settings.ssh_user) if ctx.provider.name == "ec2" else None
+        checkpoint = cloud_checkpointer(ctx.settings) if ctx.provider.name == "ec2" else None
         guard = BudgetGuard(ctx, args.interval, checkpoint, args.grace)
         stop = threading.Event()
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -34,9 +34,9 @@ class SlaveControl:
         self.book = PriceBook(ctx.price_source, clock=ctx.clock)
         checkpoint = None
         if ctx.provider.name == "ec2":
-            from gputui.cloud.remote import ssh_checkpointer
+            from gputui.cloud.remote import cloud_checkpointer
 
-            checkpoint = ssh_checkpointer(ctx.settings.ssh_user)
+            checkpoint = cloud_checkpointer(ctx.settings)
         self.guard = BudgetGuard(ctx, interval_s, checkpoint)
         self._launching = threading.Lock()  # one launch at a time, so each sees the others' cost
 
