@@ -28,7 +28,7 @@ from gputui.train.data import STEMS, find_file
 
 MARKER = "marker.json"
 MIN_PYTHON = (3, 10)
-MIN_TORCH = (2, 1)
+MIN_TORCH = (2, 6)  # torch.load(weights_only=True) is unsafe below 2.6 (CVE-2025-32434)
 
 # Reads versions from package metadata (importing torch would take seconds), and where this
 # Python keeps its packages (the venv will see the same ones).

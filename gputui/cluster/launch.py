@@ -305,7 +305,13 @@ class ClusterRun:
         """Without a master node, bring rank 0's node's checkpoint into the master's run directory."""
         node = next((n for n in self.nodes if n.name == getattr(self, "rank0_node", None) and n.conn and n.boot), None)
         if node is not None and node.conn is not None and node.boot is not None:
-            node.conn.get(f"{node.boot.run_dir(self.run.run_id)}/{runs.CHECKPOINT}", self.run.checkpoint)
+            from gputui.train import checkpoint
+
+            try:  # a slave's file is data: bounded and checked before it replaces the last good one
+                node.conn.get(f"{node.boot.run_dir(self.run.run_id)}/{runs.CHECKPOINT}", self.run.checkpoint,
+                              max_bytes=checkpoint.MAX_BYTES, check=lambda copy: checkpoint.load(Path(copy)))
+            except GputuiError as exc:
+                self.emit("warning", node=node.name, message=f"checkpoint from {node.name} refused: {exc}")
 
     def _exited(self, node: Node, code: int, running: set[str]) -> None:
         kind = (self.last_event or {}).get("event")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 import time
 from typing import Any, Callable
 
@@ -124,16 +125,26 @@ class SlaveConnection(SshHost):
         except OSError as exc:
             raise GputuiError(f"slave {self.name}: cannot write {remote}: {exc}") from None
 
-    def get(self, remote: str, local: "os.PathLike[str] | str") -> bool:
-        """Copy a remote file here atomically; False if it does not exist there."""
+    def get(self, remote: str, local: "os.PathLike[str] | str", max_bytes: int | None = None,
+            check: "Callable[[str], object] | None" = None) -> bool:
+        """Copy a remote file here atomically; False if it does not exist there. A file over
+        `max_bytes` is refused before it is copied, and `check(copy)` may refuse the copy
+        (by raising) before it replaces `local`."""
         local = os.fspath(local)
         tmp = f"{local}.part"
         try:
+            if max_bytes is not None and (self.sftp().stat(remote).st_size or 0) > max_bytes:
+                raise GputuiError(f"slave {self.name}: {remote} is larger than {max_bytes} bytes; not fetched")
             self.sftp().get(remote, tmp)
+            if check is not None:
+                check(tmp)
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise GputuiError(f"slave {self.name}: cannot fetch {remote}: {exc}") from None
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         os.replace(tmp, local)
         return True
 

@@ -44,25 +44,53 @@ def _checkpoint_step(run: RunDir) -> int:
         return -1  # damaged: another node's copy will do
 
 
-def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart: int) -> tuple[int | None, int]:
-    """Share the newest checkpoint among the ranks: (the step it is at or None when there is
-    none, the highest torchrun restart count of any rank: each node counts its own)."""
+def _collective_device() -> Any:
+    """Where collective tensors live: the rank's GPU under NCCL, else the CPU."""
+    import torch
     import torch.distributed as tdist
 
+    if tdist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart: int) -> tuple[int | None, int]:
+    """Share the newest checkpoint among the ranks: (the step it is at or None when there is
+    none, the highest torchrun restart count of any rank: each node counts its own).
+
+    Only tensors cross the network (never pickles: a peer's objects would run code here):
+    each rank's (step, restart) as int64, then the checkpoint file as a uint8 tensor whose
+    length is bounded before anything is allocated; the receiver validates it on load."""
+    import torch
+    import torch.distributed as tdist
+
+    from gputui.train import checkpoint
+
+    device = _collective_device()
     mine = _checkpoint_step(run)
-    gathered: list[Any] = [None] * world
-    tdist.all_gather_object(gathered, (mine, restart))
-    steps = [int(s) for s, _ in gathered]
-    restarts = max(int(r) for _, r in gathered)
+    gathered = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(world)]
+    tdist.all_gather(gathered, torch.tensor([mine, restart], dtype=torch.int64, device=device))
+    steps = [int(t[0]) for t in gathered]
+    restarts = max(int(t[1]) for t in gathered)
     best = max(steps)
     if best < 0:
         return None, restarts
     src = steps.index(best)
-    payload: list[Any] = [run.checkpoint.read_bytes() if rank == src else None]
-    tdist.broadcast_object_list(payload, src=src)
+    data = run.checkpoint.read_bytes() if rank == src else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    tdist.broadcast(size, src=src)
+    length = int(size.item())
+    if not 0 < length <= checkpoint.MAX_BYTES:
+        raise GputuiError(f"rank {src} offered a checkpoint of {length} bytes (at most {checkpoint.MAX_BYTES}); "
+                          "start a new run")
+    if rank == src:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        payload = torch.empty(length, dtype=torch.uint8, device=device)
+    tdist.broadcast(payload, src=src)
     if local_rank == 0 and mine != best:
         tmp = run.checkpoint.with_name(run.checkpoint.name + ".sync")
-        tmp.write_bytes(payload[0])
+        tmp.write_bytes(payload.cpu().numpy().tobytes())
         os.replace(tmp, run.checkpoint)
     tdist.barrier()
     return best, restarts

@@ -225,7 +225,8 @@ class Trainer:
             checkpoint.save(self.run.checkpoint, self.state())
 
     def restore(self) -> None:
-        state = checkpoint.load(self.run.checkpoint)
+        shapes = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
+        state = checkpoint.load(self.run.checkpoint, shapes)
         if state.get("steps_per_epoch") != self.steps_per_epoch or state.get("num_classes") != self.num_classes:
             raise UserError(
                 f"{self.run.checkpoint}: was written for another dataset or batch size "
