@@ -60,7 +60,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 print(f"{n['name']:<22} {n['kind']:<7} {n['address']}")
         return 0
     if action == "down":
-        gone = manager.release([i.instance_id for i in manager.up()], keep=False) if manager else []
+        gone = _down(manager) if manager else []
         _say(f"cluster {settings.name}: {len(gone)} cloud slave(s) terminated")
         if args.json:
             print(json.dumps({"terminated": gone}))
@@ -68,6 +68,17 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if action == "idle":
         return _idle(args, settings, manager)
     return _up(args, settings, manager)
+
+
+def _down(manager: Any) -> list[str]:
+    """Terminate the cluster's running cloud slaves; the ledger says the user ended them."""
+    from gputui.cloud.lifecycle import terminate
+
+    up = manager.up()
+    terminate(manager.ctx, up, ended_by="user")
+    for info in up:
+        manager.store.forget(info.instance_id)
+    return [i.instance_id for i in up]
 
 
 def _up(args: argparse.Namespace, settings: Any, manager: Any) -> int:
@@ -96,32 +107,54 @@ def _up(args: argparse.Namespace, settings: Any, manager: Any) -> int:
 
 
 def _idle(args: argparse.Namespace, settings: Any, manager: Any) -> int:
-    import time
+    import signal
+    import threading
 
     if manager is None:
         _say(f"cluster {settings.name}: no cloud slaves (no [cloud] table): nothing to stop")
         return 0
+    stop = threading.Event()
+
+    def interrupted(_signum: int, _frame: Any) -> None:
+        """Ctrl-C is how --watch ends: the check under way finishes first; a second one stops at once."""
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, interrupted) if args.watch else None
+    try:
+        while True:
+            _idle_check(args, settings, manager)
+            if not args.watch:
+                return 0
+            if stop.wait(args.interval):
+                _say(f"cluster {settings.name}: idle watch stopped")
+                return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _idle_check(args: argparse.Namespace, settings: Any, manager: Any) -> None:
+    """One look at the cloud slaves' GPUs; terminate those idle long enough."""
+    import time
+
     from gputui.sources.ssh import SshSource
 
-    while True:
-        up = manager.up()
-        specs = {i.instance_id: manager.host_spec(i) for i in up}
-        source = SshSource(list(specs.values()))
-        try:
-            snaps = {s.name: s for s in source.poll(settle=True, wait=30.0)}
-        finally:
-            source.close()
+    up = manager.up()
+    specs = {i.instance_id: manager.host_spec(i) for i in up}
+    source = SshSource(list(specs.values()))
+    try:
+        snaps = {s.name: s for s in source.poll(settle=True, wait=30.0)}
+    finally:
+        source.close()
 
-        def utilisation(info: Any) -> float | None:
-            snap = snaps.get(info.instance_id)
-            values = [g.util_pct for g in (snap.gpus if snap else ()) if g.util_pct is not None]
-            return max(values) if values else None
+    def utilisation(info: Any) -> float | None:
+        snap = snaps.get(info.instance_id)
+        values = [g.util_pct for g in (snap.gpus if snap else ()) if g.util_pct is not None]
+        return max(values) if values else None
 
-        stopped = manager.idle_stop(utilisation)
-        if args.json:
-            print(json.dumps({"time": time.time(), "up": len(up), "terminated": stopped}), flush=True)
-        elif stopped:
-            _say(f"cluster {settings.name}: terminated idle slave(s) {', '.join(stopped)}")
-        if not args.watch:
-            return 0
-        time.sleep(args.interval)
+    stopped = manager.idle_stop(utilisation)
+    if args.json:
+        print(json.dumps({"time": time.time(), "up": len(up), "terminated": stopped}), flush=True)
+    elif stopped:
+        _say(f"cluster {settings.name}: terminated idle slave(s) {', '.join(stopped)}")
