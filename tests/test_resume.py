@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,31 +14,11 @@ import torch
 from gputui.cli import main
 
 from .conftest import cli_env, json_lines, run_cli
+from .proc_support import Child
 
 
-def start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gputui", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
-
-
-def read_until(proc: subprocess.Popen[str], predicate: Any, timeout: float = 120) -> list[dict[str, Any]]:
-    """Read JSON events from the child's stdout until `predicate(event)` holds."""
-    seen: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(json.loads(line))
-        if predicate(seen[-1]):
-            return seen
-    raise AssertionError(f"no matching event; saw {[e['event'] for e in seen]}")
+def start(*args: str) -> Child:
+    return Child([sys.executable, "-m", "gputui", *args], env=cli_env(), name="gputui " + " ".join(args[:2]))
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -54,8 +31,10 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
-# 1024 steps an epoch on the medium slice: long enough to signal a run inside epoch 2.
-TRAIN = ["--epochs", "3", "--batch-size", "4", "--seed", "7", "--threads", "1"]
+# 1024 steps an epoch on the medium slice. Evaluations at 5/8, 3/4, 7/8 and the end of each
+# epoch: their events are never throttled (step events are, to one per 0.5 s), so a test
+# can act at a known point inside an epoch whatever the machine's speed.
+TRAIN = ["--epochs", "3", "--batch-size", "4", "--seed", "7", "--threads", "1", "--evals-per-epoch", "4"]
 STEPS = 1024
 
 
@@ -67,19 +46,18 @@ def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
     assert main(["run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(ref)]) == 0
 
     run_dir = tmp_path / "run"
-    proc = start("run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(run_dir))
-    read_until(proc, lambda e: e["event"] == "step" and e["epoch"] == 2)  # mid-epoch 2
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    took = time.monotonic() - sent
-    assert proc.returncode == 0, err
-    assert took < 5.0
-    events = json_lines(out)
-    assert events[-1]["event"] == "interrupted"
+    with start("run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(run_dir)) as child:
+        # The first evaluation inside epoch 2 (at 5/8 of it): signalled there, the run stops mid-epoch.
+        mid = child.wait_for(lambda e: e["event"] == "eval" and e["epoch"] == 2, 240, "an evaluation inside epoch 2")
+        child.proc.send_signal(signal.SIGTERM)
+        code = child.finish(60, "the checkpoint and the exit after SIGTERM")
+    events, err = child.events, child.stderr
+    assert code == 0, err
+    assert events[-1]["event"] == "interrupted", child.kinds()
     assert events[-1]["reason"] == "SIGTERM"
     stopped_at = events[-1]["step"]
-    assert STEPS < stopped_at < 2 * STEPS  # inside epoch 2
+    assert mid["step"] <= stopped_at < 3 * STEPS  # at or after the evaluation, before the end
+    assert stopped_at % STEPS != 0, stopped_at  # inside an epoch: the resume starts mid-epoch
     assert "interrupted: checkpoint saved" in err and "--resume" in err
     assert torch.load(run_dir / "ckpt.pt", weights_only=True)["step"] == stopped_at
 
@@ -96,19 +74,23 @@ def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
 
 def test_sigkill_resumes_from_the_last_epoch(medium_data: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = start("run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(run_dir))
-    read_until(proc, lambda e: e["event"] == "step" and e["epoch"] == 2)
-    proc.kill()
-    proc.communicate(timeout=30)
+    with start("run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(run_dir)) as child:
+        # Epoch 1's checkpoint is written before its epoch event: killed then, the run is a whole epoch from the next.
+        child.wait_for(lambda e: e["event"] == "epoch" and e["epoch"] == 1, 240, "the end of epoch 1")
+        child.proc.kill()
+        child.finish(60, "the killed run's remaining output")
+    ended = [e["epoch"] for e in child.events if e["event"] == "epoch"]
+    assert ended and "done" not in child.kinds(), child.kinds()
+    last = ended[-1]  # 1, unless epoch 2 ended before the kill landed
     state = torch.load(run_dir / "ckpt.pt", weights_only=True)
-    assert (state["epoch"], state["batch"], state["step"]) == (1, 0, STEPS)
+    assert (state["epoch"], state["batch"], state["step"]) == (last, 0, last * STEPS)
     assert not (run_dir / "ckpt.pt.tmp").exists()
 
     resumed = run_cli("run", "--json", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr
     events = json_lines(resumed.stdout)
-    assert events[0]["resumed_from_step"] == STEPS
-    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [2, 3]
+    assert events[0]["resumed_from_step"] == last * STEPS
+    assert [e["epoch"] for e in events if e["event"] == "epoch"] == list(range(last + 1, 4))
 
 
 def test_resume_last_and_extend_epochs(small_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,15 +139,17 @@ def test_full_disk_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: py
     from gputui.errors import GputuiError
     from gputui.train import checkpoint
 
+    from .test_security import full_state
+
     path = tmp_path / "ckpt.pt"
-    checkpoint.save(path, {"step": 1})
+    checkpoint.save(path, full_state(step=1))
 
     def no_space(*_args: Any, **_kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", no_space)
     with pytest.raises(GputuiError, match="cannot write checkpoint .*No space left on device; free space"):
-        checkpoint.save(path, {"step": 2})
+        checkpoint.save(path, full_state(step=2))
     monkeypatch.undo()
     assert checkpoint.load(path)["step"] == 1  # the old checkpoint is intact
     assert not (tmp_path / "ckpt.pt.tmp").exists()

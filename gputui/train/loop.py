@@ -11,6 +11,7 @@ gradient of the whole batch).
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
@@ -29,7 +30,20 @@ from gputui.train.data import Dataset
 from gputui.train.devices import synchronize
 
 Emit = Callable[[dict[str, Any]], None]
-STEP_EVENT_INTERVAL_S = 0.5  # at most two step events a second
+
+
+def _step_event_interval(default: float = 0.5) -> float:
+    """Seconds between step events: `default`, or GPUTUI_STEP_EVENT_INTERVAL (a test hook standing for a faster
+    or slower machine: the tests must not depend on how many step events an epoch gets)."""
+    text = os.environ.get("GPUTUI_STEP_EVENT_INTERVAL", "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
+
+
+STEP_EVENT_INTERVAL_S = _step_event_interval()  # read once; by default at most two step events a second
 EVAL_BATCH = 1000
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
