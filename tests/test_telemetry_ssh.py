@@ -17,6 +17,7 @@ from gputui.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
 from gputui.sources.ssh import SshHost, SshSource
+from tests.proc_support import wait_until
 from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, sshd_factory  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_agent")
@@ -95,7 +96,12 @@ def test_driver_generations_and_missing_nvidia_smi(
     try:
         host = SshHost(spec(sshd_factory, server.port), options(tmp_path, server))
         snap = host.poll_now()
-        assert snap.state == state and len(snap.gpus) == gpus and snap.message == words or words in (snap.message or "")
+        assert snap.state == state, snap.message
+        assert len(snap.gpus) == gpus
+        if words is None:
+            assert snap.message is None
+        else:
+            assert words in (snap.message or "")
         assert snap.mem_total_mib  # the host part works whatever the GPUs do
         host.close()
     finally:
@@ -170,31 +176,41 @@ def test_closed_port_is_unreachable_and_retried_with_backoff(sshd_factory: SshdF
 
 
 def test_silent_host_is_bounded_by_the_connect_timeout(sshd_factory: SshdFactory, tmp_path: Path, silent_port: int) -> None:
-    started = time.monotonic()
+    # How long the bound takes is measured by benchmarks/bench_ssh_timeouts.py; here: the verdict and its words.
     snap = SshHost(spec(sshd_factory, silent_port, connect_timeout=1.0), options(tmp_path)).poll_now()
-    assert snap.state == HostState.UNREACHABLE and "no SSH handshake" in (snap.message or ""), snap.message
-    assert time.monotonic() - started < 3.0
+    assert snap.state == HostState.UNREACHABLE, snap.message
+    assert "no SSH handshake" in (snap.message or "") and "within 1 s" in (snap.message or ""), snap.message
 
 
 def test_a_dead_host_never_delays_the_others(sshd_factory: SshdFactory, a100: Sshd, tmp_path: Path, silent_port: int) -> None:
+    # The silent host's connect outlasts the test: every round below happens while it is still connecting.
     specs = [
         spec(sshd_factory, a100.port, name="good"),
-        spec(sshd_factory, silent_port, name="silent", connect_timeout=3.0),
+        spec(sshd_factory, silent_port, name="silent", connect_timeout=120.0),
         spec(sshd_factory, free_port(), name="closed"),
     ]
     source = SshSource(specs, options(tmp_path, a100))
     try:
-        started = time.monotonic()
-        good, silent, closed = source.poll(settle=True, wait=1.5)
-        assert time.monotonic() - started < 2.0
-        assert good.state == HostState.OK and closed.state == HostState.UNREACHABLE
-        assert silent.state == HostState.CONNECTING  # still trying, in its own thread
+        wait_until(lambda: source.poll()[0].state == HostState.OK, 30, "the good host's first reading",
+                   detail=lambda: [h.snapshot.message for h in source.hosts])
         for _ in range(3):
-            started = time.monotonic()
-            good, silent, closed = source.poll()
-            assert time.monotonic() - started < 1.0
-            assert good.state == HostState.OK and good.time >= started - 1.0
-        good, silent, closed = source.poll(settle=True)  # now wait for the slow one's verdict
+            before = time.time()
+            good, silent, closed = source.poll()  # waits for the connected host only
+            assert good.state == HostState.OK and good.time >= before  # polled in this round, not an old reading
+            assert silent.state == HostState.CONNECTING  # still trying, in its own thread
+            assert closed.state == HostState.UNREACHABLE and "refused" in (closed.message or "")
+        assert source.hosts[1].busy and source.hosts[0].attempts == 1
+    finally:
+        source.close()
+
+
+def test_a_round_with_settle_waits_for_the_slow_host_s_verdict(
+        sshd_factory: SshdFactory, a100: Sshd, tmp_path: Path, silent_port: int) -> None:
+    specs = [spec(sshd_factory, a100.port, name="good"), spec(sshd_factory, silent_port, name="silent", connect_timeout=1.0)]
+    source = SshSource(specs, options(tmp_path, a100))
+    try:
+        good, silent = source.poll(settle=True)
+        assert good.state == HostState.OK
         assert silent.state == HostState.UNREACHABLE and "no SSH handshake" in (silent.message or "")
     finally:
         source.close()
@@ -204,10 +220,9 @@ def test_hung_command_is_bounded_and_the_connection_kept(sshd_factory: SshdFacto
     server = sshd_factory("hang")
     try:
         host = SshHost(spec(sshd_factory, server.port, command_timeout=1.0), options(tmp_path, server))
-        started = time.monotonic()
         snap = host.poll_now()
         assert snap.state == HostState.ERROR and "no answer within 1 s" in (snap.message or "")
-        assert time.monotonic() - started < 3.0 and host.connected and host.attempts == 1
+        assert host.connected and host.attempts == 1
         host.close()
     finally:
         server.stop()
@@ -220,9 +235,9 @@ def test_reconnects_after_the_server_comes_back(sshd_factory: SshdFactory, tmp_p
     try:
         assert source.poll(settle=True)[0].state == HostState.OK
         server.stop()
-        time.sleep(0.2)
+        wait_until(lambda: not source.hosts[0].connected, 30, "the client to see the connection close")
         (snap,) = source.poll(settle=True)
-        assert snap.state == HostState.UNREACHABLE and ("connection lost" in (snap.message or "") or "refused" in (snap.message or ""))
+        assert snap.state == HostState.UNREACHABLE and "refused" in (snap.message or ""), snap.message
         server.start()
         clock.now += 61
         (snap,) = source.poll(settle=True)
