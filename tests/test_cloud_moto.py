@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +19,7 @@ from gputui.cloud.lifecycle import key_pair_name
 
 from .moto_fixture import (DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, OWNER, REGION, SSH_CIDR, Aws, aws, cli,  # noqa: F401
                            moto_server)
+from .proc_support import wait_until
 
 
 @contextmanager
@@ -236,24 +236,21 @@ def test_provider_lists_zones_and_resolves_ssm(aws: Aws) -> None:
         provider.resolve_image("ssm:/no/such/parameter")
 
 
-def test_cli_up_then_down_within_ten_seconds_and_nothing_leaks(aws: Aws) -> None:
-    start = time.perf_counter()
+def test_cli_up_then_down_and_nothing_leaks(aws: Aws) -> None:
+    # How long up + down take (10 s target) is measured by benchmarks/bench_cloud_updown.py.
     launched = cli("cloud", "up", "--count", "4", "--yes", "--guard-interval", "0.5", "--profile", str(aws.profile))
     downed = cli("cloud", "down", "--all", "--yes", "--profile", str(aws.profile))
-    wall = time.perf_counter() - start
     assert launched.returncode == 0, launched.stderr
     assert downed.returncode == 0, downed.stderr
-    assert wall <= 10.0
+    assert "4 instance(s) up" in launched.stdout, launched.stdout
     assert instances(aws, **{"gputui:managed": "true"}) == []
     listed = cli("cloud", "ls", "--json", "--profile", str(aws.profile))
     cost = cli("cost", "--json")
     outputs = [r.stdout + r.stderr for r in (launched, downed, listed, cost)]
     # The background budget guard polled moto meanwhile and leaves once the slaves are gone.
     log = next((aws.home / "guards").glob("*.log"))
-    deadline = time.monotonic() + 20
-    while "the guard stops" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+    wait_until(lambda: "the guard stops" in log.read_text(), 60, "the guard to leave after the slaves went",
+               detail=log.read_text)
     database = "\n".join(sqlite3.connect(aws.home / "ledger.sqlite3").iterdump())
     everything = "\n".join(outputs) + log.read_text() + database
     for secret in (DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN):

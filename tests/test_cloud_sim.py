@@ -4,11 +4,11 @@ protection, and `gputui cloud ... --provider sim` end to end."""
 from __future__ import annotations
 
 import json
-import os
+import sys
 import threading
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gputui.cli import main
@@ -21,7 +21,9 @@ from gputui.cloud.provider import CapacityError, LaunchRequest, instance_tags
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.model.cloud import CloudEvent
 
+from .conftest import cli_env
 from .moto_fixture import cli, public_key_line
+from .proc_support import Child, wait_until
 from .test_cloud_budget import T0, make_context
 
 
@@ -68,6 +70,27 @@ def test_sim_launch_delay_interruptions_and_capacity_errors() -> None:
     assert sim.list_tagged({"gputui:cluster": "other"}) == []
 
 
+def test_sim_reclaims_spot_instances_after_so_many_polls_or_seconds() -> None:
+    now = [T0]
+    polled = SimProvider(script=SimScript(launch_delay_s=10, interrupt_after_polls=2), clock=lambda: now[0])
+    spot = polled.launch(request())[0].instance_id
+    steady = polled.launch(request(lifecycle="on-demand"))[0].instance_id
+    assert [i.state for i in polled.describe([spot, spot, spot])] == ["pending"] * 3  # only running counts
+    now[0] += 10
+    assert polled.describe([spot])[0].state == "running"  # report 1
+    assert {i.instance_id: i.state for i in polled.list_tagged({})}[spot] == "running"  # report 2
+    reclaimed = polled.describe([spot])[0]
+    assert reclaimed.state == "shutting-down" and reclaimed.interrupted
+    now[0] += 3600
+    assert polled.describe([steady] * 5)[0].state == "running"  # on-demand: never reclaimed
+    timed = SimProvider(script=SimScript(launch_delay_s=0, shutdown_delay_s=0, interrupt_after_s=30), clock=lambda: now[0])
+    later = timed.launch(request())[0].instance_id
+    now[0] += 29.9
+    assert timed.describe([later])[0].state == "running"
+    now[0] += 0.1
+    assert timed.describe([later])[0].interrupted
+
+
 def test_sim_is_safe_to_share_between_threads(tmp_path: Path) -> None:
     sim = SimProvider(state_path=tmp_path / "sim.json")
     errors: list[BaseException] = []
@@ -98,7 +121,7 @@ def test_the_master_notices_interruptions_and_price_changes_on_every_poll(tmp_pa
     wait_running(ctx, launch(ctx, plan_launch(ctx, 2)))
     book = PriceBook(ctx.provider, clock=clock)
     clock.now += 400
-    assert poll(ctx, book)[1] == [] or all(e.kind == "price" for e in poll(ctx, book)[1])
+    assert poll(ctx, book)[1] == []  # nothing new within the hour, before the interruption
     clock.now += 101
     _shown, events = poll(ctx, book)
     assert [e.kind for e in events] == ["interrupted"]
@@ -173,12 +196,15 @@ def test_cli_with_the_simulated_cloud(sim_profile: Path, capsys: pytest.CaptureF
     # A second launch would pass the budget: refused before anything starts.
     assert main(["cloud", "up", "--count", "2", "--yes", "--no-guard", *p]) == 2
     assert "budget reached for cluster demo" in capsys.readouterr().err
-    # The guard: spent plus the next interval's cost pass $0.012, so it stops both at once.
-    assert main(["cloud", "guard", "--interval", "120", "--grace", "0", "--json", *p]) == 0
-    out = capsys.readouterr()
-    events = [json.loads(line) for line in out.out.splitlines()]
-    assert [e["kind"] for e in events].count("budget_stop") == 1 and [e["kind"] for e in events].count("terminated") == 2
-    assert "the guard stops" in out.err
+    # The guard: spent plus the next interval's cost pass $0.012, so its first poll stops both at once.
+    # It runs as a child read with a deadline: were it to miss the stop, it would poll again in 120 s.
+    with Child([sys.executable, "-m", "gputui", "cloud", "guard", "--interval", "120", "--grace", "0", "--json", *p],
+               env=cli_env(), name="gputui cloud guard") as guard:
+        guard.wait_for(lambda e: e["kind"] == "budget_stop", 60, "the guard's budget stop")
+        assert guard.finish(60, "the guard to stop both slaves and exit") == 0, guard.stderr
+    kinds = [e["kind"] for e in guard.events]
+    assert kinds.count("budget_stop") == 1 and kinds.count("terminated") == 2, kinds
+    assert "the guard stops" in guard.stderr
     with Ledger() as ledger:
         assert [r.ended_by for r in ledger.instances()] == ["budget", "budget"]
 
@@ -186,39 +212,55 @@ def test_cli_with_the_simulated_cloud(sim_profile: Path, capsys: pytest.CaptureF
 def test_cli_reports_interruptions(sim_profile: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GPUTUI_SIM_LAUNCH_DELAY", "0")
-    monkeypatch.setenv("GPUTUI_SIM_INTERRUPT_AFTER", "0.4")
+    # `up` sees the slave running once; the simulation reclaims it on the next poll, which is `ls`'s.
+    monkeypatch.setenv("GPUTUI_SIM_INTERRUPT_AFTER_POLLS", "1")
     p = ["--profile", str(sim_profile)]
     assert main(["cloud", "up", "--yes", "--no-guard", *p]) == 0
-    time.sleep(0.5)
-    capsys.readouterr()
+    up = capsys.readouterr()
+    assert up.out.count("203.0.113.") == 1 and "interrupted" not in up.err + up.out
     assert main(["cloud", "ls", *p]) == 0
     err = capsys.readouterr().err
     assert "interrupted: " in err and "spot interruption" in err
+    with Ledger() as ledger:
+        assert [r.ended_by for r in ledger.instances()] == ["interrupted"]
+
+
+def guards_of(profile: Path) -> list[int]:
+    """Pids of live `gputui cloud guard` processes started for `profile`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = proc.info["cmdline"] or []
+        if "guard" in cmd and str(profile) in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc.pid)
+    return found
 
 
 def test_up_leaves_a_guard_that_goes_when_the_slaves_do(sim_profile: Path, gputui_home: Path) -> None:
+    # Budget for several slaves: the second `up` below launches, and finds the guard already there.
+    sim_profile.write_text(sim_profile.read_text().replace("budget_usd = 0.012", "budget_usd = 5.0"))
     p = ["--profile", str(sim_profile)]
     up = cli("cloud", "up", "--yes", "--guard-interval", "0.3", *p)
     assert up.returncode == 0, up.stderr
     assert "budget guard running (pid" in up.stderr
     pid = int(up.stderr.split("budget guard running (pid ")[1].split(",")[0])
-    os.kill(pid, 0)  # alive
+    log = gputui_home / "guards" / "sim-us-east-1-demo.log"
+    wait_until(lambda: log.is_file() and "guarding cluster demo" in log.read_text(), 60,
+               "the guard to take the cluster's lock and say so", detail=lambda: log.read_text() if log.is_file() else "no log")
+    assert guards_of(sim_profile.resolve()) == [pid]
     again = cli("cloud", "up", "--yes", "--count", "1", "--guard-interval", "0.3", "--profile", str(sim_profile),
                 "--cluster", "demo")
-    assert "budget guard running" not in again.stderr  # one guard per cluster (this one was refused by budget anyway)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("203.0.113.") == 1 and "note: 1 cloud instance(s) running" in again.stderr
+    assert "budget guard running" not in again.stderr  # one guard per cluster: the first one watches both
+    assert guards_of(sim_profile.resolve()) == [pid]
+    with Ledger() as ledger:
+        assert len(ledger.instances(running=True)) == 2
     down = cli("cloud", "down", "--all", "--yes", *p)
     assert down.returncode == 0, down.stderr
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the guard did not stop after the slaves went")
-    log = next((gputui_home / "guards").glob("*.log")).read_text()
-    assert "guarding cluster demo" in log and "the guard stops" in log
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 60,
+               "the guard to stop after the slaves went", detail=log.read_text)
+    text = log.read_text()
+    assert text.count("guarding cluster demo") == 1 and "the guard stops" in text
 
 
 class Terminal:
@@ -237,8 +279,6 @@ class Terminal:
 
 def test_on_a_terminal_up_shows_the_price_and_asks_and_down_confirms(
         sim_profile: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import sys
-
     asked: list[str] = []
     terminal = Terminal(["n", "y", "", "yes"], asked)
     monkeypatch.setattr(sys, "stdin", terminal)

@@ -37,6 +37,9 @@ class SimScript:
     launch_delay_s: float = 2.0
     shutdown_delay_s: float = 1.0
     interrupt_after_s: float | None = None  # every spot instance is reclaimed this long after launch
+    # every spot instance is reclaimed once the simulation has reported it running this many times
+    # (describe, list_tagged): an interruption tied to the polls that see it, not to the clock
+    interrupt_after_polls: int | None = None
     interruptions: Mapping[int, float] = field(default_factory=dict)  # ordinal -> seconds after launch
     capacity_errors: Mapping[str, str] = field(default_factory=dict)  # zone (or "*") -> spot error code
     on_demand_errors: Mapping[str, str] = field(default_factory=dict)  # zone (or "*") -> error code
@@ -67,13 +70,16 @@ class SimProvider:
 
     @classmethod
     def from_env(cls, region: str, state_path: Path) -> "SimProvider":
-        """Configured by GPUTUI_SIM_SEED, _LAUNCH_DELAY, _INTERRUPT_AFTER, _CAPACITY_ERRORS (zone=Code,...)."""
+        """Configured by GPUTUI_SIM_SEED, _LAUNCH_DELAY, _INTERRUPT_AFTER (seconds), _INTERRUPT_AFTER_POLLS,
+        _CAPACITY_ERRORS (zone=Code,...)."""
         env = os.environ
         try:
             script = SimScript(
                 seed=int(env.get("GPUTUI_SIM_SEED", "0")),
                 launch_delay_s=float(env.get("GPUTUI_SIM_LAUNCH_DELAY", "2")),
                 interrupt_after_s=float(env["GPUTUI_SIM_INTERRUPT_AFTER"]) if env.get("GPUTUI_SIM_INTERRUPT_AFTER") else None,
+                interrupt_after_polls=(int(env["GPUTUI_SIM_INTERRUPT_AFTER_POLLS"])
+                                       if env.get("GPUTUI_SIM_INTERRUPT_AFTER_POLLS") else None),
                 capacity_errors=_parse_errors(env.get("GPUTUI_SIM_CAPACITY_ERRORS", "")),
             )
         except ValueError as exc:
@@ -170,9 +176,21 @@ class SimProvider:
         return InstanceInfo(instance_id, rec["type"], rec["zone"], state, rec["lifecycle"], rec["launched"],
                             ip, reason, dict(rec["tags"]))
 
+    def _reported(self, rec: dict[str, Any], now: float) -> None:
+        """Count a report of a running spot instance; past interrupt_after_polls, reclaim it now."""
+        limit = self.script.interrupt_after_polls
+        if limit is None or rec["lifecycle"] != "spot" or self._info("", rec, now).state != "running":
+            return
+        rec["polls"] = rec.get("polls", 0) + 1
+        if rec["polls"] > limit:
+            rec["interrupt_at"] = now
+
     def describe(self, ids: Sequence[str]) -> list[InstanceInfo]:
         now = self.clock()
         with self._state("describe") as state:
+            for i in ids:
+                if i in state["instances"]:
+                    self._reported(state["instances"][i], now)
             return [self._info(i, state["instances"][i], now) for i in ids if i in state["instances"]]
 
     def terminate(self, ids: Sequence[str]) -> None:
@@ -186,5 +204,7 @@ class SimProvider:
     def list_tagged(self, tags: Mapping[str, str]) -> list[InstanceInfo]:
         now = self.clock()
         with self._state("list_tagged") as state:
-            return [self._info(i, rec, now) for i, rec in state["instances"].items()
-                    if all(rec["tags"].get(k) == v for k, v in tags.items())]
+            found = [(i, rec) for i, rec in state["instances"].items() if all(rec["tags"].get(k) == v for k, v in tags.items())]
+            for _i, rec in found:
+                self._reported(rec, now)
+            return [self._info(i, rec, now) for i, rec in found]
