@@ -20,8 +20,10 @@ _EOF = object()
 class LineStream:
     """The lines of one text pipe, as they come."""
 
-    def __init__(self, pipe: IO[str]) -> None:
-        self.lines: list[str] = []  # every line read so far
+    def __init__(self, pipe: IO[str], companion: "LineStream | None" = None) -> None:
+        self.lines: list[str] = []  # every line taken so far
+        self.arrived: list[str] = []  # every line the pipe gave so far (taken or not)
+        self.companion = companion  # e.g. the child's stderr, shown when a wait fails
         self._queue: "queue.Queue[object]" = queue.Queue()
         self.closed = False
         threading.Thread(target=self._pump, args=(pipe,), name="line-stream", daemon=True).start()
@@ -29,6 +31,7 @@ class LineStream:
     def _pump(self, pipe: IO[str]) -> None:
         try:
             for line in pipe:
+                self.arrived.append(line.rstrip("\n"))
                 self._queue.put(line.rstrip("\n"))
         except (OSError, ValueError):
             pass
@@ -49,6 +52,9 @@ class LineStream:
         self.lines.append(item)
         return item
 
+    def _context(self) -> str:
+        return f"; alongside: {self.companion.arrived[-10:]}" if self.companion is not None else ""
+
     def wait_for(self, check: Callable[[str], bool], timeout: float, what: str) -> str:
         """The first line (from here on) that passes `check`; fails after `timeout` s or at end of stream."""
         deadline = time.monotonic() + timeout
@@ -56,9 +62,10 @@ class LineStream:
             try:
                 line = self.next(deadline)
             except TimeoutError:
-                raise AssertionError(f"no {what} within {timeout:g} s; lines so far: {self.lines[-20:]}") from None
+                raise AssertionError(f"no {what} within {timeout:g} s; lines so far: {self.lines[-20:]}"
+                                     + self._context()) from None
             if line is None:
-                raise AssertionError(f"the stream ended before {what}; lines: {self.lines[-20:]}")
+                raise AssertionError(f"the stream ended before {what}; lines: {self.lines[-20:]}" + self._context())
             if check(line):
                 return line
 
@@ -70,7 +77,8 @@ class LineStream:
             try:
                 line = self.next(deadline)
             except TimeoutError:
-                raise AssertionError(f"the stream did not end within {timeout:g} s; last lines: {self.lines[-20:]}") from None
+                raise AssertionError(f"the stream did not end within {timeout:g} s; last lines: {self.lines[-20:]}"
+                                     + self._context()) from None
             if line is None:
                 return out
             out.append(line)

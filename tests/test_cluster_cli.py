@@ -106,7 +106,8 @@ def test_idle_watch_checks_until_ctrl_c_and_then_exits_0(sim_cluster: Path) -> N
                             env=cli_env())
     try:
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = LineStream(proc.stdout), LineStream(proc.stderr)
+        err = LineStream(proc.stderr)
+        out = LineStream(proc.stdout, companion=err)
         first = json.loads(out.wait_for(lambda line: True, 120, "the first check's line"))
         assert first["up"] == 1 and first["terminated"] == []  # first look: its idle clock starts now
         proc.send_signal(signal.SIGINT)  # it now waits 600 s for the next check
