@@ -45,12 +45,12 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Ec2Provider, Stub
         stub.assert_no_pending_responses()
 
 
-def context(tmp_path: Path, provider: Ec2Provider, fallback: bool = True) -> CloudContext:
+def context(tmp_path: Path, provider: Ec2Provider, fallback: bool = True, max_price: float | None = None) -> CloudContext:
     key = tmp_path / "id.pub"
     key.write_text(public_key_line() + "\n")
     settings = CloudSettings(budget_usd=10.0, region=REGION, zones=(f"{REGION}a", f"{REGION}b"), ssh_cidr=CIDR,
                              ami="ami-0123456789abcdef0", public_key=str(key), on_demand_fallback=fallback,
-                             source=tmp_path / "p.toml")
+                             max_price=max_price, source=tmp_path / "p.toml")
     prices = FixedPrices({f"{REGION}a": 0.16, f"{REGION}b": 0.21})
     return CloudContext(settings, provider, Ledger(tmp_path / "ledger.sqlite3"), "c1", "me@here", prices=prices)
 
@@ -67,7 +67,7 @@ def stub_network_setup(stub: Stubber, ctx: CloudContext) -> None:
     stub.add_response("describe_security_groups", {"SecurityGroups": [group]}, {"Filters": ANY})
 
 
-def run_params(zone: str, spot: bool, count: int = 2) -> dict[str, Any]:
+def run_params(zone: str, spot: bool, count: int = 2, max_price: str | None = None) -> dict[str, Any]:
     params: dict[str, Any] = {
         "ImageId": "ami-0123456789abcdef0", "InstanceType": "g4dn.xlarge", "MinCount": count, "MaxCount": count,
         "KeyName": ANY, "SecurityGroupIds": ["sg-1"], "Placement": {"AvailabilityZone": zone},
@@ -77,6 +77,8 @@ def run_params(zone: str, spot: bool, count: int = 2) -> dict[str, Any]:
     if spot:
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        if max_price is not None:
+            params["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = max_price
     return params
 
 
@@ -138,6 +140,32 @@ def test_spot_launch_goes_to_the_cheapest_zone_at_its_price(tmp_path: Path, stub
     result = launch(ctx, plan_launch(ctx, 2))
     assert set(result.rates.values()) == {0.16}
     assert [r.lifecycle for r in ctx.ledger.instances()] == ["spot", "spot"]
+
+
+def test_max_price_is_sent_as_MaxPrice_and_caps_the_metered_rate(tmp_path: Path, stubbed: Any) -> None:
+    provider, stub = stubbed
+    ctx = context(tmp_path, provider, max_price=0.15)  # below zone a's 0.16: never pay more than 0.15
+    stub_network_setup(stub, ctx)
+    stub.add_response("run_instances", started(f"{REGION}a", 2, "spot"), run_params(f"{REGION}a", True, max_price="0.15000"))
+    result = launch(ctx, plan_launch(ctx, 2))
+    assert set(result.rates.values()) == {0.15}
+    assert [r.hourly_price for r in ctx.ledger.instances()] == [0.15, 0.15]
+
+
+def test_max_price_goes_with_spot_requests_only(tmp_path: Path, stubbed: Any) -> None:
+    provider, stub = stubbed
+    ctx = context(tmp_path, provider, max_price=0.185)
+    stub_network_setup(stub, ctx)
+    stub.add_client_error("run_instances", "InsufficientInstanceCapacity", "no capacity",
+                          expected_params=run_params(f"{REGION}a", True, max_price="0.18500"))
+    stub.add_client_error("run_instances", "SpotMaxPriceTooLow", "Your Spot request price of 0.185 is lower than 0.21",
+                          expected_params=run_params(f"{REGION}b", True, max_price="0.18500"))
+    stub.add_response("run_instances", started(f"{REGION}a", 2, None), run_params(f"{REGION}a", False))  # no MaxPrice
+    result = launch(ctx, plan_launch(ctx, 2))
+    assert [(a.zone, a.lifecycle, a.error_code) for a in result.attempts] == [
+        (f"{REGION}a", "spot", "InsufficientInstanceCapacity"), (f"{REGION}b", "spot", "SpotMaxPriceTooLow"),
+        (f"{REGION}a", "on-demand", None)]
+    assert set(result.rates.values()) == {0.526}  # on-demand, at the list price
 
 
 @pytest.mark.parametrize("code, message, expected, kind", [
