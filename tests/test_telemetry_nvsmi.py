@@ -1,15 +1,22 @@
-"""The remote poll script and its parser: every recorded driver generation, run through the
-real script with `sh` (no SSH), and the odd cases of nvidia-smi's CSV."""
+"""The remote poll script and its parser: each driver generation of tests/data/nvsmi, run
+through the real script with `sh` (no SSH), and the odd cases of nvidia-smi's CSV.
+
+The driver generations are hand-written from nvidia-smi's output formats (see
+tests/data/nvsmi/README.md); `h100-r580-recorded` is what a real H100 printed, checked here
+against nvidia-smi's own CSV and XML answers from the same machine."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gputui.model.telemetry import HostState
+from gputui.model.telemetry import GpuProcess, HostState
 from gputui.sources.nvsmi import (
     GPU_FIELDS,
     parse_apps,
@@ -132,3 +139,86 @@ def test_script_is_posix_and_quoted_for_any_login_shell() -> None:
     command = remote_command(FIELDS)
     assert command.startswith("sh -c '") and command.endswith("'")
     assert os.path.exists("/bin/sh")
+
+
+H100 = NVSMI_DATA / "h100-r580-recorded"
+H100_UUID = "GPU-61f4664a-d5ab-ee54-2be5-cad87b574eb8"
+
+
+def test_a_real_h100_poll_parses_to_what_nvidia_smi_itself_reported() -> None:
+    """The poll's output on a real H100 during training, against nvidia-smi -q -x taken then."""
+    reading = parse_report((H100 / "ssh-poll-output.txt").read_text(), FIELDS)
+    assert reading.state == HostState.OK and reading.message is None and reading.invalid_fields == ()
+    assert reading.driver == "580.159.04" and reading.cpu_before is not None and reading.cpu_after is not None
+    assert reading.mem_total_mib == 131981020 / 1024  # MemTotal, kB
+    (gpu,) = reading.gpus
+    xml = ET.parse(H100 / "nvidia-smi-q.xml").getroot()
+    assert xml.findtext("driver_version") == reading.driver
+    card = xml.find("gpu")
+    assert card is not None
+
+    def number(path: str) -> float:
+        return float(str(card.findtext(path)).split()[0])
+
+    assert (gpu.index, gpu.name, gpu.uuid) == (0, card.findtext("product_name"), card.findtext("uuid")) == (
+        0, "NVIDIA H100 80GB HBM3", H100_UUID)
+    assert (gpu.mem_used_mib, gpu.mem_total_mib) == (number("fb_memory_usage/used"), number("fb_memory_usage/total")) == (
+        621, 81559)
+    assert gpu.temperature_c == number("temperature/gpu_temp") == 35
+    assert gpu.power_limit_w == number("gpu_power_readings/current_power_limit") == 700
+    assert gpu.power_w == 117.75 and abs(gpu.power_w - number("gpu_power_readings/average_power_draw")) < 1
+    assert gpu.fan_pct is None and card.findtext("fan_speed") == "N/A"  # an SXM board has no fan of its own
+    assert (gpu.clock_sm_mhz, gpu.clock_mem_mhz) == (number("clocks/sm_clock"), number("clocks/mem_clock")) == (1980, 2619)
+    assert gpu.pstate == card.findtext("performance_state") == "P0"
+    assert (gpu.util_pct, gpu.mem_util_pct, gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0, 0, 0)
+    assert gpu.pcie_rx_kib_s is None  # nvidia-smi's query has no PCIe throughput
+    xml_proc = card.find("processes/process_info")
+    assert xml_proc is not None
+    assert gpu.processes == (GpuProcess(int(str(xml_proc.findtext("pid"))), user="root", gpu_memory_mib=number(
+        "processes/process_info/used_memory"), name="python3 -m gputui run --device cuda --epochs 40 --json --run-dir runs/RUN_ID"),)
+    assert xml_proc.findtext("process_name") == "python3"  # the remote ps gave the whole command line
+
+
+def test_nvml_counts_the_driver_reserve_as_used_and_nvidia_smi_does_not() -> None:
+    """Why `gputui monitor` (NVML) said 1100.8 MiB where the SSH poll says 621 on that H100."""
+    nvml = json.loads((H100 / "monitor-once-training.json").read_text())["hosts"][0]["gpus"][0]
+    ssh = parse_report((H100 / "ssh-poll-output.txt").read_text(), FIELDS).gpus[0]
+    reserved = float(str(ET.parse(H100 / "nvidia-smi-q.xml").getroot().findtext("gpu/fb_memory_usage/reserved")).split()[0])
+    assert nvml["uuid"] == ssh.uuid and nvml["mem_total_mib"] == ssh.mem_total_mib
+    assert ssh.mem_used_mib is not None and reserved == 480
+    assert abs(nvml["mem_used_mib"] - (ssh.mem_used_mib + reserved)) < 1
+    assert [p["pid"] for p in nvml["processes"]] == [p.pid for p in ssh.processes] == [425]
+    assert nvml["processes"][0]["gpu_memory_mib"] == ssh.processes[0].gpu_memory_mib == 612
+
+
+def test_nvidia_smis_own_csv_answers_from_the_h100_parse() -> None:
+    """With header and units, as `--format=csv` prints them (the poll asks for neither)."""
+    header, *rows = (H100 / "nvidia-smi-query-gpu.csv").read_text().splitlines()
+    names = [cell.split(" [")[0] for cell in header.split(", ")]  # "power.draw [W]" -> "power.draw"
+    aliases = {"clocks.current.sm": "clocks.sm", "clocks.current.memory": "clocks.mem"}
+    fields = tuple(aliases.get(n, n) for n in names)
+    assert set(fields) <= set(FIELDS)
+    (gpu,), driver = parse_gpu_rows("\n".join(rows), fields)
+    assert (gpu.name, driver, gpu.pstate) == ("NVIDIA H100 80GB HBM3", "580.159.04", "P0")
+    assert (gpu.util_pct, gpu.mem_used_mib, gpu.mem_total_mib, gpu.temperature_c) == (0, 0, 81559, 43)  # idle
+    assert (gpu.power_w, gpu.power_limit_w, gpu.fan_pct) == (127.24, 700, None)
+    assert (gpu.clock_sm_mhz, gpu.clock_mem_mhz, gpu.ecc_corrected) == (1980, 2619, 0)
+    apps = parse_apps((H100 / "nvidia-smi-compute-apps.csv").read_text())
+    assert [(uuid, p.pid, p.name, p.gpu_memory_mib) for uuid, p in apps] == [(H100_UUID, 425, "python3", 612)]
+    reasons_header, reasons = (H100 / "nvidia-smi-clocks-event-reasons.csv").read_text().splitlines()
+    cells = dict(zip(reasons_header.split(", "), split_row(reasons, len(reasons_header.split(", ")))))
+    assert cells["clocks_event_reasons.active"] == "0x0000000000000000"  # nothing slows the clocks down
+    xml = ET.parse(H100 / "nvidia-smi-q.xml").getroot()
+    for field in ("hw_slowdown", "sw_thermal_slowdown", "sw_power_cap", "gpu_idle"):
+        assert cells[f"clocks_event_reasons.{field}"] == "Not Active"
+        assert xml.findtext(f"gpu/clocks_event_reasons/clocks_event_reason_{field}") == "Not Active"
+
+
+def test_the_fake_nvidia_smi_replays_the_h100_as_it_answered(tmp_path: Path) -> None:
+    """Through the real script with the fake on PATH: the same GPU as the recorded poll (the
+    training process is not on this machine, so `ps` cannot name it or its user here)."""
+    replayed = parse_report(run_script(tmp_path, "h100-r580-recorded"), FIELDS)
+    recorded = parse_report((H100 / "ssh-poll-output.txt").read_text(), FIELDS)
+    assert replayed.state == HostState.OK and replayed.driver == recorded.driver
+    assert [replace(g, processes=()) for g in replayed.gpus] == [replace(g, processes=()) for g in recorded.gpus]
+    assert [(p.pid, p.gpu_memory_mib) for p in replayed.gpus[0].processes] == [(425, 612)]
