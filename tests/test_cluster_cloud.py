@@ -10,8 +10,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import psutil
 import pytest
 
 from gputui import runs
@@ -32,11 +33,14 @@ from .moto_fixture import public_key_line
 
 
 class FakeImds:
-    """IMDSv2 on 127.0.0.1: a token, and one spot interruption notice once armed."""
+    """IMDSv2 on 127.0.0.1: a token, and one spot interruption notice once armed. `on_notice` runs
+    when the watcher's poll takes the notice, before the answer leaves: what the notice says
+    happens to the instance happens on that poll."""
 
     def __init__(self) -> None:
         self.armed = threading.Event()
         self.served = threading.Event()
+        self.on_notice: Callable[[], None] = lambda: None
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +52,7 @@ class FakeImds:
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.endswith("spot/instance-action") and owner.armed.is_set() and not owner.served.is_set():
+                    owner.on_notice()
                     owner.served.set()
                     self._reply(200, json.dumps({"action": "terminate", "time": "2030-01-01T00:00:00Z"}).encode())
                 else:
@@ -74,6 +79,17 @@ def imds() -> Iterator[FakeImds]:
         yield server
     finally:
         server.server.shutdown()
+
+
+def trainers(run_dir: Path) -> list[psutil.Process]:
+    """The master node's training processes (not torchrun or the node supervisor, which name the run too)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "-m gputui.cluster.worker" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd \
+                and "gputui.cluster.node" not in cmd:
+            found.append(proc)
+    return found
 
 
 class Events:
@@ -114,6 +130,7 @@ name = "spot"
 cloud_slaves = 1
 rdzv_port = 0
 socket_ifname = "lo"
+join_timeout = 60
 """
     settings = cluster_settings(parse_profile(text, tmp_path / "p.toml"))
     assert settings is not None and settings.cloud is not None
@@ -128,16 +145,38 @@ socket_ifname = "lo"
                                                   cluster_nodes.user_key)
         return assigned[info.instance_id]
 
-    def reclaim() -> None:  # the notice reaches the watcher; the instance then goes away
-        imds.armed.set()
-        first = next(iter(assigned))
+    run = runs.create(tmp_path / "run")
+    paused: list[psutil.Process] = []
+
+    def interrupt_now() -> None:  # on the watcher's poll that takes the notice: the instance goes away
         with provider._state("test") as state:
-            state["instances"][first]["interrupt_at"] = time.time() + 3
+            state["instances"][next(iter(assigned))]["interrupt_at"] = time.time()
+        resume_training()
+
+    def resume_training() -> None:
+        while paused:
+            try:
+                paused.pop().resume()
+            except psutil.NoSuchProcess:
+                pass
+
+    def reclaim() -> None:
+        # Training waits for the notice (the master's trainer is paused, so the group is), however
+        # long the watcher's 5 s poll takes and however fast an epoch goes; at most a minute.
+        paused.extend(trainers(run.path))
+        assert paused, "no trainer of the master node found"
+        for proc in paused:
+            proc.suspend()
+        imds.on_notice = interrupt_now
+        imds.armed.set()
+        threading.Thread(target=lambda: imds.served.wait(60) or resume_training(), daemon=True).start()
 
     cfg = RunSettings(data=str(medium_data), epochs=6, batch_size=16, seed=4, device="cpu", threads=1).resolve()
-    run = runs.create(tmp_path / "run")
     view = Events(reclaim)
-    outcome = ClusterRun(run, cfg, settings, view, manager=SlaveManager(settings, ctx, host_spec=host_spec)).execute(False)
+    try:
+        outcome = ClusterRun(run, cfg, settings, view, manager=SlaveManager(settings, ctx, host_spec=host_spec)).execute(False)
+    finally:
+        resume_training()
 
     seen = view.events
     kinds = [e["event"] for e in seen]
@@ -157,6 +196,7 @@ socket_ifname = "lo"
     assert [e["attempt"] for e in seen if e["event"] == "cluster"] == [0, 1]
     assert kinds.index("interrupted") < kinds.index("node_replaced") < kinds.index("relaunch") < kinds.index("resumed")
     steps = next(e for e in seen if e["event"] == "start")["steps_per_epoch"]
+    assert steps < interrupted["step"] < 2 * steps  # training waited in epoch 2 for the notice
     assert seen[-2]["event"] == "done" and seen[-2]["step"] == 6 * steps
     assert seen[-1]["event"] == "slaves_terminated" and seen[-1]["instances"] == [second]
     records = {r.instance_id: r for r in ctx.ledger.instances()}

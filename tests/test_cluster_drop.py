@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,8 +12,9 @@ from .cluster_fixture import (  # noqa: F401 - fixtures
     wait_no_leftovers,
 )
 from .conftest import cli_env
+from .proc_support import Child
 from .sshd_fixture import Sshd
-from .test_cluster_run import logs, weights
+from .test_cluster_run import finish, logs, weights
 
 
 @pytest.fixture(scope="module")
@@ -34,33 +31,18 @@ def test_a_lost_static_node_is_dropped_and_the_run_finishes_on_fewer_nodes(
     profile = cluster_profile(tmp_path / "cluster.toml", two_nodes, cluster_nodes.user_key, {"threads": 1},
                               master_trains=False, nodes=2, min_nodes=1)
     run_dir = tmp_path / "dropped"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), "--data", str(medium_data),
-         "--epochs", "2", "--batch-size", "32", "--seed", "5", "--device", "cpu", "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-    )
-    seen: list[dict[str, Any]] = []
-    victim: Sshd | None = None
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            seen.append(json.loads(line))
-            if victim is None and seen[-1]["event"] == "epoch" and seen[-1]["epoch"] == 1:
-                # Lose the node that is not rank 0's for good: its sshd and everything it runs die.
-                rank0 = next(e for e in seen if e["event"] == "start")["node"]
-                victim = two_nodes[1] if rank0 == "n0" else two_nodes[0]
-                victim.stop()
-            assert time.monotonic() < deadline, [e["event"] for e in seen]
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    err = proc.stderr.read() if proc.stderr else ""
+    argv = [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), "--data", str(medium_data),
+            "--epochs", "2", "--batch-size", "32", "--seed", "5", "--device", "cpu", "--run-dir", str(run_dir)]
+    with Child(argv, env=cli_env(), name="gputui run (two static slaves)") as child:
+        child.wait_for(lambda e: e["event"] == "epoch" and e["epoch"] == 1, 240, "the end of epoch 1")
+        # Lose the node that is not rank 0's for good: its sshd and everything it runs die.
+        rank0 = next(e for e in child.events if e["event"] == "start")["node"]
+        victim = two_nodes[1] if rank0 == "n0" else two_nodes[0]
+        victim.stop()
+        code = finish(child, 240, "the run to drop the lost node and finish", run_dir)
+    seen, err = child.events, child.stderr
+    assert code == 0, err + logs(run_dir)
     kinds = [e["event"] for e in seen]
-    assert proc.returncode == 0, err + logs(run_dir)
-    assert victim is not None, kinds
     name = "n1" if victim is two_nodes[1] else "n0"
     lost = next(e for e in seen if e["event"] == "node_lost")
     assert lost["node"] == name

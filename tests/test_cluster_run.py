@@ -3,14 +3,10 @@ venv on each, torchrun with gloo and a c10d rendezvous served by the master."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -25,7 +21,8 @@ from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,
     wait_no_leftovers,
 )
-from .conftest import cli_env, json_lines, run_cli
+from .conftest import cli_env, json_lines, make_dataset, run_cli
+from .proc_support import Child
 from .sshd_fixture import Sshd
 
 RUN = ["--batch-size", "64", "--seed", "3", "--device", "cpu"]
@@ -45,6 +42,14 @@ def logs(run_dir: Path) -> str:
     return "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.log"))) if folder.is_dir() else ""
 
 
+def finish(child: Child, timeout: float, what: str, run_dir: Path) -> int:
+    """`child.finish`, with the nodes' logs in the message when it times out."""
+    try:
+        return child.finish(timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}{logs(run_dir)}") from None
+
+
 def test_two_nodes_train_to_the_same_weights_as_one_process(
     two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, tmp_path: Path,
     gputui_home: Path,
@@ -56,10 +61,12 @@ def test_two_nodes_train_to_the_same_weights_as_one_process(
     single = run_cli("run", "--json", *common, "--threads", "1", "--run-dir", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     run_dir = tmp_path / "multi"
-    multi = run_cli("run", "--json", "--profile", str(profile), *common, "--run-dir", str(run_dir), timeout=240)
-    assert multi.returncode == 0, multi.stderr + logs(run_dir)
+    with Child([sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), *common, "--run-dir", str(run_dir)],
+               env=cli_env(), name="gputui run (master + n0)") as child:
+        code = finish(child, 240, "the two-node run to finish", run_dir)
+    assert code == 0, child.stderr + logs(run_dir)
 
-    events = json_lines(multi.stdout)
+    events = child.events
     kinds = [e["event"] for e in events]
     boot = next(e for e in events if e["event"] == "node")
     assert boot["node"] == "n0" and not boot["skipped"]
@@ -92,31 +99,42 @@ def test_two_nodes_train_to_the_same_weights_as_one_process(
     assert wait_no_leftovers(str(run_dir), *remote_run_dirs("multi", node)) == []
 
 
-def test_bootstrap_of_a_bootstrapped_slave_skips_everything(
-    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, gputui_home: Path,
+def test_bootstrap_installs_once_then_skips_and_a_new_data_set_is_only_copied(
+    cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, tmp_path: Path, gputui_home: Path,
 ) -> None:
-    node = two_nodes[1]
+    # How long each bootstrap takes (fresh, and already bootstrapped: target <= 2 s) is measured by
+    # benchmarks/bench_cluster.py; here: what each one does.
+    node = cluster_nodes.node(2)  # a node of its own: nothing bootstrapped it before
     trust(gputui_home, node)
-    spec = HostSpec("n1", node.address, node.port, "root", cluster_nodes.user_key)
-    boot = Bootstrapper("~/.gputui-cluster", "python3", build_wheel(), local_dataset(small_data))
-    first_conn = SlaveConnection(spec).open_or_raise()
-    try:
-        first = boot.bootstrap(first_conn)
-    finally:
-        first_conn.close()
-    assert not first.skipped or first.steps == []
-    t0 = time.perf_counter()
-    conn = SlaveConnection(spec).open_or_raise()  # connecting is part of it
-    try:
-        again = boot.bootstrap(conn)
-    finally:
-        conn.close()
-    took = time.perf_counter() - t0
-    assert again.skipped and again.steps == [] and took <= 2.0, took
+    spec = HostSpec("n2", node.address, node.port, "root", cluster_nodes.user_key)
+    wheel = build_wheel()
+
+    def bootstrap(data: Path) -> Any:
+        conn = SlaveConnection(spec).open_or_raise()
+        try:
+            return Bootstrapper("~/.gputui-cluster", "python3", wheel, local_dataset(data)).bootstrap(conn)
+        finally:
+            conn.close()
+
+    first = bootstrap(small_data)
+    assert not first.skipped
+    assert "venv" in first.steps and any("installed" in step for step in first.steps), first.steps
+    assert any("md5 verified" in step for step in first.steps), first.steps
+
+    again = bootstrap(small_data)
+    assert again.skipped and again.steps == []
     assert again.base == first.base and again.data_dir == first.data_dir
-    # Damage the installed data: the marker says the set is there, but a new data set is checked and copied.
-    other = local_dataset(small_data.parent / "medium") if (small_data.parent / "medium").is_dir() else None
-    assert other is None or other.digest != boot.dataset.digest
+
+    # Another data set (other images, so another digest): checked and copied, the venv left as it is.
+    other = make_dataset(tmp_path / "other", 256, 128)
+    assert local_dataset(other).digest != local_dataset(small_data).digest
+    third = bootstrap(other)
+    assert not third.skipped
+    assert "venv" not in third.steps and not any("installed" in step for step in third.steps), third.steps
+    assert [step for step in third.steps if "md5 verified" in step] == third.steps and third.steps, third.steps
+    assert third.data_dir != first.data_dir and third.base == first.base
+    # Both data sets are now on the node: either one skips everything.
+    assert bootstrap(small_data).skipped and bootstrap(other).skipped
 
 
 def _worker_pids(marker: str) -> list[psutil.Process]:
@@ -139,33 +157,19 @@ def test_a_killed_trainer_restarts_and_the_run_resumes_from_its_checkpoint(
     profile = cluster_profile(tmp_path / "cluster.toml", two_nodes, cluster_nodes.user_key, {"threads": 1},
                               master_trains=False)
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), "--data", str(medium_data),
-         "--epochs", "3", "--batch-size", "16", "--seed", "5", "--device", "cpu", "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-    )
-    seen: list[dict[str, Any]] = []
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 200
-        killed = None
-        for line in proc.stdout:
-            seen.append(json.loads(line))
-            if killed is None and seen[-1]["event"] == "epoch" and seen[-1]["epoch"] == 1:
-                victims = _worker_pids(str(two_nodes[1].home))
-                assert victims, "no trainer of node n1 found"
-                killed = seen[-1]["step"]
-                for victim in victims:
-                    victim.kill()
-            assert time.monotonic() < deadline, [e["event"] for e in seen]
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = proc.stderr.read() if proc.stderr else ""
-    assert proc.returncode == 0, err + logs(run_dir)
+    argv = [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), "--data", str(medium_data),
+            "--epochs", "3", "--batch-size", "16", "--seed", "5", "--device", "cpu", "--run-dir", str(run_dir)]
+    with Child(argv, env=cli_env(), name="gputui run (two slaves)") as child:
+        epoch = child.wait_for(lambda e: e["event"] == "epoch" and e["epoch"] == 1, 240, "the end of epoch 1")
+        victims = _worker_pids(str(two_nodes[1].home))
+        assert victims, "no trainer of node n1 found"
+        killed = epoch["step"]
+        for victim in victims:
+            victim.kill()
+        code = finish(child, 240, "the restarted run to finish", run_dir)
+    seen, err = child.events, child.stderr
+    assert code == 0, err + logs(run_dir)
     kinds = [e["event"] for e in seen]
-    assert killed is not None, kinds
     restarted = next(e for e in seen if e["event"] == "restarted")
     assert restarted["restart"] >= 1 and restarted["resumed_from_step"] == killed
     resumed = next(e for e in seen if e["event"] == "resumed")
