@@ -30,7 +30,8 @@ from gputui.cluster.bootstrap import Bootstrapped, Bootstrapper, local_dataset
 from gputui.cluster.node import NODE_TAG
 from gputui.cluster.procs import Item, LocalNode, NodeProc, RemoteNode, Rendezvous
 from gputui.cluster.settings import ClusterSettings, load_cluster
-from gputui.cluster.sshnode import SlaveConnection
+from gputui.cluster.sshnode import SlaveConnection, quote_path
+from gputui.cluster.tunnel import ReverseForward
 from gputui.cluster.worker import EVENT_TAG
 from gputui.console import JsonView, View
 from gputui.errors import GputuiError, UserError
@@ -56,6 +57,7 @@ class Node:
     instance_id: str | None = None
     proc: NodeProc | None = None
     log: TextIO | None = field(default=None, repr=False)
+    forward: ReverseForward | None = field(default=None, repr=False)  # its way to the rendezvous (tunnel)
 
 
 class ClusterRun:
@@ -74,6 +76,7 @@ class ClusterRun:
         self.nodes: list[Node] = []
         self.started_ids: list[str] = []  # cloud slaves this run launched
         self.store: Any = None
+        self.store_host = "127.0.0.1"
         self.master_addr = "127.0.0.1"
         self.stop_reason: str | None = None
         self.last_event: dict[str, Any] | None = None
@@ -168,7 +171,7 @@ class ClusterRun:
         boot = self.bootstrapper.bootstrap(node.conn)
         node.boot = boot
         run_dir = boot.run_dir(self.run.run_id)
-        node.conn.check(f"mkdir -p '{run_dir}'", what="creating the run directory")
+        node.conn.check(f"mkdir -p {quote_path(run_dir)}", what="creating the run directory")
         node.conn.put_text(replace(self.cfg, data=boot.data_dir).to_toml(), f"{run_dir}/{runs.PROFILE}")
         if self.run.checkpoint.is_file():
             node.conn.put(self.run.checkpoint, f"{run_dir}/{runs.CHECKPOINT}")
@@ -178,15 +181,30 @@ class ClusterRun:
                   + (" (already bootstrapped)" if boot.skipped else f": {', '.join(boot.steps) or 'checked'}"))
 
     def _serve_rendezvous(self) -> None:
-        import torch.distributed as tdist
+        """The c10d store, on the master's loopback (slaves come through their SSH tunnel), or
+        with rendezvous = "direct" on master_addr alone, said out loud."""
+        from gputui.train.rdzv import LOOPBACK, serve_store
 
+        s = self.settings
+        host = self.master_addr if s.rendezvous == "direct" else LOOPBACK
+        self.store_host = host
         try:
-            store_class = getattr(tdist, "TCPStore")  # not in torch.distributed's declared exports
-            self.store = store_class(self.master_addr, self.settings.rdzv_port, is_master=True, wait_for_workers=False,
-                                     timeout=timedelta(seconds=self.settings.join_timeout))
+            self.store = serve_store(host, s.rdzv_port, s.join_timeout)
         except (RuntimeError, ValueError, OSError) as exc:
-            raise GputuiError(f"cannot serve the rendezvous on {self.master_addr}:{self.settings.rdzv_port} ({exc}); "
-                              f"set [cluster] rdzv_port to a free port in {self.settings.source}") from None
+            raise GputuiError(f"cannot serve the rendezvous on {host}:{s.rdzv_port} ({exc}); "
+                              f"set [cluster] rdzv_port to a free port in {s.source}") from None
+        if s.rendezvous == "direct":
+            self.emit("warning", message=f"rendezvous = \"direct\": the store on {host}:{self.store.port} is open to "
+                      "whoever reaches that port, and they can run code on every node; use \"tunnel\" unless "
+                      "this network is trusted")
+
+    def _endpoint(self, node: Node) -> str:
+        """host:port where `node`'s torchrun finds the store: through its own tunnel by default."""
+        if self.settings.rendezvous == "direct" or node.conn is None:
+            return f"{self.store_host}:{self.store.port}"
+        if node.forward is None or node.forward.transport is not node.conn.transport():
+            node.forward = node.conn.forward_to_master(self.store.port)
+        return node.forward.endpoint
 
     def _rendezvous(self, attempt: int) -> Rendezvous:
         s = self.settings
@@ -194,7 +212,7 @@ class ClusterRun:
         # Workers get a fresh store from their rank 0 each round: in the master's long-lived rendezvous
         # store, keys of an earlier round would make a restarted group connect to dead peers.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        return Rendezvous(f"{self.master_addr}:{self.store.port}", f"{self.run.run_id}-{attempt}",
+        return Rendezvous(f"{self.store_host}:{self.store.port}", f"{self.run.run_id}-{attempt}",
                           min(s.min_nodes, len(self.nodes)), max(s.nodes, len(self.nodes)), s.nproc_per_node,
                           s.max_restarts, s.join_timeout, env=env)
 
@@ -203,7 +221,8 @@ class ClusterRun:
             (self.run.path / "nodes").mkdir(exist_ok=True)
             node.log = open(self.run.path / "nodes" / f"{node.name}.log", "a", encoding="utf-8")
         if node.kind == "master":
-            node.proc = LocalNode(node.name, self.items, rdzv.torchrun_args(node.address, str(self.run.path), node.name),
+            node.proc = LocalNode(node.name, self.items,
+                                  rdzv.torchrun_args(node.address, str(self.run.path), node.name, self._endpoint(node)),
                                   rdzv.env, STOP_GRACE_S)
         else:
             assert node.conn is not None and node.boot is not None
@@ -212,7 +231,8 @@ class ClusterRun:
             if node.kind == "cloud" and os.environ.get("GPUTUI_IMDS_URL"):  # another metadata endpoint for the watcher
                 env["GPUTUI_IMDS_URL"] = os.environ["GPUTUI_IMDS_URL"]
             node.proc = RemoteNode(node.name, self.items, node.conn, node.boot.venv_python, node.boot.base,
-                                   rdzv.torchrun_args(node.address, run_dir, node.name), env, STOP_GRACE_S,
+                                   rdzv.torchrun_args(node.address, run_dir, node.name, self._endpoint(node)), env,
+                                   STOP_GRACE_S,
                                    spot_watcher=node.kind == "cloud")
 
     def _train(self) -> str:

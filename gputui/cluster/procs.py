@@ -38,11 +38,12 @@ class Rendezvous:
     last_call_timeout: float = 3.0
     env: Mapping[str, str] = field(default_factory=dict)
 
-    def torchrun_args(self, local_addr: str, run_dir: str, node: str) -> list[str]:
+    def torchrun_args(self, local_addr: str, run_dir: str, node: str, endpoint: str | None = None) -> list[str]:
+        """torchrun's arguments on one node; `endpoint`: where that node reaches the store (its tunnel)."""
         conf = f"is_host=0,join_timeout={int(self.join_timeout)},last_call_timeout={int(self.last_call_timeout)}"
         return [
             f"--nnodes={self.min_nodes}:{self.max_nodes}", f"--nproc-per-node={self.nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.rdzv_id}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint or self.endpoint}", f"--rdzv-id={self.rdzv_id}",
             f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={self.max_restarts}",
             "--monitor-interval=0.5",
             "-m", "gputui.cluster.worker", "--gputui-run-dir", run_dir, "--gputui-node", node,
@@ -81,11 +82,12 @@ class LocalNode(NodeProc):
     def __init__(self, name: str, items: "queue.Queue[Item]", args: Sequence[str], env: Mapping[str, str], grace_s: float) -> None:
         super().__init__(name, items)
         from gputui.train.distributed import _die_with_parent
+        from gputui.train.rdzv import clean_env
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gputui.cluster.node", "--grace", repr(grace_s), "--", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
+            env={**clean_env(os.environ), **env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
         )
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 

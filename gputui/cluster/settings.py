@@ -49,6 +49,10 @@ CLUSTER_SECTION = Section(
                              "connection to the first slave).", None, check=_check(_ADDR, "a host name or IP address")),
         "rdzv_port": Field("int", "Port on the master for the c10d rendezvous (0: any free port).", 29400,
                            minimum=0, maximum=65535),
+        "rendezvous": Field("str", "How slaves reach the rendezvous store: \"tunnel\" (through their SSH connection; "
+                            "the store listens on the master's loopback only) or \"direct\" (master_addr:rdzv_port, "
+                            "for a trusted network only: whoever reaches that port can run code on the nodes).",
+                            "tunnel", check=lambda v: None if v in ("tunnel", "direct") else 'one of "tunnel", "direct"'),
         "max_restarts": Field("int", "torchrun --max-restarts: worker-group restarts before a node gives up.", 3,
                               minimum=0, maximum=100),
         "join_timeout": Field("float", "Seconds the rendezvous waits for min_nodes (and a replacement slave).", 600.0,
@@ -79,6 +83,7 @@ class ClusterSettings:
     master_trains: bool
     master_addr: str | None
     rdzv_port: int
+    rendezvous: str
     max_restarts: int
     join_timeout: float
     keep_slaves: bool
@@ -142,7 +147,7 @@ def cluster_settings(profile: "Profile") -> ClusterSettings | None:
         name=values["name"], hosts=tuple(known[n] for n in values["hosts"]), cloud_slaves=values["cloud_slaves"],
         nodes=nodes, nproc_per_node=values["nproc_per_node"], min_nodes=min_nodes,
         master_trains=values["master_trains"], master_addr=values["master_addr"], rdzv_port=values["rdzv_port"],
-        max_restarts=values["max_restarts"], join_timeout=values["join_timeout"], keep_slaves=values["keep_slaves"],
+        rendezvous=values["rendezvous"], max_restarts=values["max_restarts"], join_timeout=values["join_timeout"], keep_slaves=values["keep_slaves"],
         idle_stop_minutes=values["idle_stop_minutes"], remote_dir=values["remote_dir"], python=values["python"],
         socket_ifname=values["socket_ifname"], cloud=cloud, source=path,
     )

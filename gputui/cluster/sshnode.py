@@ -12,13 +12,16 @@ import os
 import shlex
 from pathlib import Path
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gputui.errors import GputuiError, UserError
 from gputui.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
 from gputui.sources.ssh import CommandTimeout, SshHost
+
+if TYPE_CHECKING:
+    from gputui.cluster.tunnel import ReverseForward
 
 _USER_STATES = (HostState.AUTH_FAILED, HostState.HOST_KEY_UNKNOWN, HostState.HOST_KEY_MISMATCH)
 
@@ -38,6 +41,7 @@ class SlaveConnection(SshHost):
     def __init__(self, spec: HostSpec, options: SshOptions | None = None) -> None:
         super().__init__(spec, options or SshOptions())
         self._sftp: Any = None
+        self._forwards: list[ReverseForward] = []
 
     @property
     def name(self) -> str:
@@ -148,7 +152,30 @@ class SlaveConnection(SshHost):
         os.replace(tmp, local)
         return True
 
+    def transport(self) -> Any:
+        """paramiko's Transport of this connection, or None."""
+        return self._client.get_transport() if self._client is not None else None
+
+    def forward_to_master(self, port: int) -> "ReverseForward":
+        """A port on the slave's loopback leading to `port` on the master's loopback (kept until close)."""
+        from gputui.cluster.tunnel import ReverseForward
+
+        transport = self.transport()
+        if transport is None or not transport.is_active():
+            raise GputuiError(f"slave {self.name}: not connected")
+        try:
+            forward = ReverseForward(transport, port, self.name)
+        except Exception as exc:  # noqa: BLE001 - paramiko's SSHException, or a dropped connection
+            raise GputuiError(f"slave {self.name}: its sshd refused to forward a port back to the master ({exc or 'refused'}); "
+                              "set 'AllowTcpForwarding yes' (or 'remote') in its sshd_config, or [cluster] "
+                              "rendezvous = \"direct\" on a trusted network") from None
+        self._forwards.append(forward)
+        return forward
+
     def close(self) -> None:
+        for forward in self._forwards:
+            forward.close()
+        self._forwards = []
         sftp, self._sftp = self._sftp, None
         if sftp is not None:
             try:

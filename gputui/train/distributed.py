@@ -18,22 +18,29 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from gputui.errors import GputuiError, UserError
 from gputui.runs import RunDir
+from gputui.train.rdzv import LOOPBACK, clean_env, serve_store
 
 LAUNCHER_LOG = "launcher.log"
 
 
-def torchrun_command(run: RunDir, nproc: int, resume: bool) -> list[str]:
+def torchrun_command(run: RunDir, nproc: int, resume: bool, rdzv_port: int) -> list[str]:
+    """torchrun on this machine alone, meeting at the loopback store gputui serves on `rdzv_port`
+    (not `--standalone`, whose store listens on every interface)."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={LOOPBACK}:{rdzv_port}",
+        f"--rdzv-id={run.run_id}",
+        "--rdzv-conf=is_host=0",
+        f"--local-addr={LOOPBACK}",
         "--max-restarts=0",
         "-m",
         "gputui.train.distributed",
@@ -41,6 +48,18 @@ def torchrun_command(run: RunDir, nproc: int, resume: bool) -> list[str]:
         str(run.path),
     ]
     return cmd + (["--resume"] if resume else [])
+
+
+def local_group_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a one-machine torchrun: no credentials, every socket on loopback
+    (the workers' store on MASTER_ADDR = 127.0.0.1, gloo and NCCL's bootstrap on `lo`)."""
+    env = clean_env(base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # the workers serve their own store (bound by init_rank)
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    return env
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -57,11 +76,11 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
     """Run torchrun to the end, showing rank 0's events; return 'done' or 'interrupted'."""
     offset = run.events.stat().st_size if run.events.exists() else 0
     log_path = run.path / LAUNCHER_LOG
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env = local_group_env(os.environ)
+    store = serve_store(LOOPBACK, 0, timeout_s=600)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            torchrun_command(run, nproc, resume),
+            torchrun_command(run, nproc, resume, store.port),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -139,7 +158,14 @@ def init_rank(cfg: Any, local_rank: int) -> Any:
         torch.cuda.set_device(device)
     elif cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or "MASTER_ADDR" not in os.environ:
+        tdist.init_process_group(backend)
+    else:  # serve the workers' store on MASTER_ADDR alone (env:// would listen on every interface)
+        from gputui.train.rdzv import worker_store
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        tdist.init_process_group(backend, store=worker_store(rank, world), rank=rank, world_size=world)
     return device
 
 
