@@ -15,6 +15,7 @@ import pytest
 
 from gputui.cloud.ledger import Ledger
 
+from .cluster_fixture import wait_no_leftovers
 from .conftest import cli_env, json_lines, run_cli
 from .event_stream import EventStream, LineStream, stop
 
@@ -83,6 +84,7 @@ def test_a_ddp_worker_that_dies_fails_the_run_with_exit_1_and_one_line(small_dat
     assert "done" not in kinds and "interrupted" not in kinds
     assert len(said) == 1 and said[0].startswith("gputui: error: ddp workers failed (torchrun exit "), said
     assert said[0].endswith(f"see {run_dir / 'launcher.log'}")
+    assert wait_no_leftovers(str(run_dir)) == []  # the other rank and torchrun went too
     with Ledger() as ledger:
         assert [(run_id, status) for run_id, _c, _s, _e, status in ledger.runs()] == [("r", "failed")]
 
