@@ -115,7 +115,8 @@ def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> No
 
     async def scenario(pilot: Any) -> Any:
         await pilot.press("t")
-        await wait_for(pilot, lambda: app.training.status == "running" and app.training.loss_points, 90, "steps")
+        await wait_for(pilot, lambda: app.training.status == "running" and len(app.training.loss_points) >= 3, 90,
+                       "three points on the loss curve")
         child = app.child
         assert child is not None and child.running
         assert child.argv[1:6] == ["-m", "gputui", "run", "--json", "--profile"]
