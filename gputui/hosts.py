@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@\[\]\-]{1,64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\-%]+$")
-_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-$]{0,63}$")
+USER_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-$]{0,63}$")  # never starts with "-"
 _HOST_ARG = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%]+)\]|(?P<addr>[^:@\s\[\]]+))(?::(?P<port>\d{1,5}))?$")
 
 
@@ -47,7 +47,7 @@ HOSTS_SECTION = Section(
         "name": Field("str", "Short name shown in tables (default: the address).", None, check=_check(_NAME, "a short name (letters, digits, . _ - :)")),
         "address": Field("str", "Host name or IP address; a Host alias of ~/.ssh/config works too.", None, check=_check(_ADDRESS, "a host name or IP address")),
         "port": Field("int", "SSH port (default: ~/.ssh/config's, else 22).", None, minimum=1, maximum=65535),
-        "user": Field("str", "Login user (default: ~/.ssh/config's, else yours).", None, check=_check(_USER, "a user name")),
+        "user": Field("str", "Login user (default: ~/.ssh/config's, else yours).", None, check=_check(USER_NAME, "a user name")),
         "identity_file": Field("str", "Private key file, relative to the profile (default: ssh-agent, then ~/.ssh/id_*).", None),
         "trust_on_first_use": Field("bool", "Accept and record an unknown host key on first contact (default: refuse it).", False),
         "connect_timeout": Field("float", "Seconds allowed for TCP, the SSH banner and authentication.", 5.0, minimum=0.1, maximum=300),
@@ -84,7 +84,7 @@ def parse_host_arg(text: str) -> HostSpec:
         raise UserError(f"--host {text!r}: expected [user@]address[:port], e.g. gpu@10.0.0.5:22")
     address = m.group("v6") or m.group("addr")
     user = m.group("user")
-    if user is not None and not _USER.match(user):
+    if user is not None and not USER_NAME.match(user):
         raise UserError(f"--host {text!r}: {user!r} is not a user name")
     name = address if port is None else f"{address}:{port}"
     return HostSpec(name=name, address=address, port=port, user=user)

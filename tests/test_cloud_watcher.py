@@ -179,7 +179,7 @@ def test_the_master_reaches_the_slaves_over_ssh(tmp_path: Path, monkeypatch: pyt
     fake_ssh.chmod(0o755)
     monkeypatch.setenv("GPUTUI_SSH", str(fake_ssh))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    assert ssh_command("ubuntu", "203.0.113.9")[-2:] == ["ubuntu@203.0.113.9", REMOTE_CHECKPOINT]
+    assert ssh_command("ubuntu", "203.0.113.9")[-5:] == ["-l", "ubuntu", "--", "203.0.113.9", REMOTE_CHECKPOINT]
     assert "BatchMode=yes" in ssh_command("ubuntu", "203.0.113.9")
     child, marker = start_child(tmp_path, "remote")
     try:
@@ -192,7 +192,7 @@ def test_the_master_reaches_the_slaves_over_ssh(tmp_path: Path, monkeypatch: pyt
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert "ubuntu@203.0.113.9" in calls.read_text()
+    assert "-l ubuntu -- 203.0.113.9" in calls.read_text()
     no_address = InstanceRecord("i-2", "ec2", "us-east-1", "c", None, "t", "z", "spot", 0.2, 0.0, None, "pending",
                                 None, None)
     with pytest.raises(GputuiError, match="i-2: no address"):

@@ -27,7 +27,7 @@ from gputui.model.cloud import InstanceInfo
 from gputui.profiles import RunSettings, parse_profile
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
-    ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, remote_run_dirs, trust, wait_no_leftovers,
+    ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, remote_run_dirs, wait_no_leftovers,
 )
 from .moto_fixture import public_key_line
 
@@ -113,7 +113,7 @@ def test_a_spot_slave_is_started_interrupted_replaced_and_the_run_resumes(
     imds: FakeImds, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     machines = [cluster_nodes.node(0), cluster_nodes.node(1)]  # what the first and the second instance "are"
-    trust(gputui_home, *machines)
+    # No key is trusted beforehand: the master learns each slave's from its console output.
     monkeypatch.setenv("GPUTUI_IMDS_URL", imds.url)
     key = tmp_path / "id.pub"
     key.write_text(public_key_line() + "\n")
@@ -134,7 +134,8 @@ join_timeout = 60
 """
     settings = cluster_settings(parse_profile(text, tmp_path / "p.toml"))
     assert settings is not None and settings.cloud is not None
-    provider = SimProvider(script=SimScript(seed=1, launch_delay_s=0.5, shutdown_delay_s=0.2))
+    provider = SimProvider(script=SimScript(seed=1, launch_delay_s=0.5, shutdown_delay_s=0.2,
+                                            host_keys=(machines[0].host_public_key(),)))
     ctx = CloudContext(settings.cloud, provider, Ledger(gputui_home / "ledger.sqlite3"), "spot", "me")
     assigned: dict[str, HostSpec] = {}
 

@@ -3,6 +3,7 @@ a network, and a checkpoint (it may come from a slave) is bounded and checked be
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -97,3 +98,77 @@ def test_any_damaged_bytes_are_one_clear_error(tmp_path: Path) -> None:
             checkpoint.load(path, shapes())
         except UserError as exc:
             assert "checkpoint" in str(exc)
+
+
+# -- remote shell commands: every interpolated value goes through one quoting helper -------
+QUOTERS = {"sh", "quote_path", "shlex.quote"}
+SHELL_CALLS = {"check", "open", "exec_command"}  # SlaveConnection.check/open, paramiko's exec_command
+SHELL_NAMES = {"script", "command"}
+
+
+def _name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_name(node.value)}.{node.attr}"
+    return ""
+
+
+def _unquoted(expr: ast.AST) -> list[str]:
+    """Interpolations in the f-strings of `expr` that no quoting helper wraps."""
+    bad = []
+    for node in ast.walk(expr):
+        if isinstance(node, ast.JoinedStr):
+            for value in node.values:
+                if isinstance(value, ast.FormattedValue):
+                    inner = value.value
+                    if not (isinstance(inner, ast.Call) and _name(inner.func) in QUOTERS):
+                        bad.append(ast.unparse(inner))
+    return bad
+
+
+def unquoted_shell_values(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SHELL_CALLS \
+                and node.args:
+            found += _unquoted(node.args[0])
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in SHELL_NAMES for t in node.targets):
+            found += _unquoted(node.value)
+    return found
+
+
+def test_remote_commands_quote_every_value() -> None:
+    found = []
+    for path in [*sorted((REPO / "gputui" / "cluster").glob("*.py")), REPO / "gputui" / "sources" / "ssh.py",
+                 REPO / "gputui" / "cloud" / "remote.py"]:
+        found += [f"{path.relative_to(REPO)}: {{{v}}}" for v in unquoted_shell_values(path.read_text(encoding="utf-8"))]
+    assert found == []
+
+
+def test_the_quoting_check_sees_hand_made_quotes() -> None:
+    assert unquoted_shell_values("conn.check(f\"mkdir -p '{run_dir}'\")") == ["run_dir"]
+    assert unquoted_shell_values("command = f'cd {cwd} && ' + sh(x)") == ["cwd"]
+    assert unquoted_shell_values("conn.check(f'mkdir -p {sh(run_dir)} {quote_path(d)}')") == []
+
+
+def test_a_hostile_remote_dir_stays_one_word(tmp_path: Path) -> None:
+    import subprocess
+
+    from gputui.cluster.sshnode import quote_path, sh
+
+    evil = f"{tmp_path}/x';touch {tmp_path}/pwned;'"
+    subprocess.run(["sh", "-c", f"mkdir -p {quote_path(evil)} && cd {sh(evil)}"], check=True)
+    assert not (tmp_path / "pwned").exists() and Path(evil).is_dir()
+
+
+def test_ssh_user_cannot_become_an_ssh_option(tmp_path: Path) -> None:
+    from gputui.cloud.remote import ssh_command
+    from gputui.cloud.settings import load_cloud_settings
+
+    profile = tmp_path / "p.toml"
+    profile.write_text('[cloud]\nbudget_usd = 1.0\nssh_user = "-oProxyCommand=touch /tmp/x"\n')
+    with pytest.raises(UserError, match=r"p.toml:3: \[cloud\] ssh_user: expected a user name"):
+        load_cloud_settings(profile)
+    command = ssh_command("ubuntu", "203.0.113.9", known_hosts=[tmp_path / "k"])
+    assert command[-5:-1] == ["-l", "ubuntu", "--", "203.0.113.9"]

@@ -15,7 +15,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from gputui.cloud.provider import QUOTA_ERRORS, ZONE_ERRORS, CapacityError, LaunchRequest
+from gputui.cloud.provider import QUOTA_ERRORS, ZONE_ERRORS, CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import InstanceInfo
@@ -256,6 +256,16 @@ class Ec2Provider:
 
     def list_tagged(self, tags: Mapping[str, str]) -> list[InstanceInfo]:
         return self._describe([{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()])
+
+    def console_host_keys(self, instance_id: str) -> list[str]:
+        with aws_errors("ec2:GetConsoleOutput"):
+            try:  # the latest output needs a Nitro instance; others give the last buffered one
+                answer = self.ec2.get_console_output(InstanceId=instance_id, Latest=True)
+            except Exception as exc:  # noqa: BLE001 - botocore's ClientError, imported lazily
+                if _code(exc) != "UnsupportedOperation":
+                    raise
+                answer = self.ec2.get_console_output(InstanceId=instance_id)
+        return parse_console_host_keys(str(answer.get("Output") or ""))
 
 
 def _atoms(permissions: Sequence[Mapping[str, Any]]) -> set[Atom]:

@@ -170,6 +170,14 @@ def wait_running(ctx: CloudContext, result: UpResult) -> UpResult:
     return result
 
 
+def forget_host_keys(instances: Sequence[InstanceInfo]) -> None:
+    """Drop the host keys gputui pinned for these instances' addresses: AWS hands addresses out
+    again, and a later instance there must not look like a changed key."""
+    from gputui.sources.hostkeys import SshOptions, forget_hosts
+
+    forget_hosts(SshOptions().gputui_known_hosts_path(), [str(i.public_ip) for i in instances if i.public_ip])
+
+
 def terminate(ctx: CloudContext, instances: Sequence[InstanceInfo], ended_by: str) -> list[InstanceInfo]:
     """Terminate, wait until each is shutting down or gone, and close their ledger records.
 
@@ -187,6 +195,7 @@ def terminate(ctx: CloudContext, instances: Sequence[InstanceInfo], ended_by: st
     ids = [i.instance_id for i in instances]
     asked = ctx.clock()
     ctx.provider.terminate(ids)
+    forget_host_keys(instances)
     try:
         final = ctx.wait(ids, lambda i: i.state in ENDED_STATES, f"{len(ids)} instance(s) to terminate")
     except GputuiError:

@@ -7,6 +7,8 @@ gputui.model.cloud.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import getpass
 import os
 import re
@@ -92,6 +94,31 @@ class CloudProvider(Protocol):
 
     def list_tagged(self, tags: Mapping[str, str]) -> list[InstanceInfo]:
         """Every instance of the region carrying all of `tags`, in any state the cloud still shows."""
+
+    def console_host_keys(self, instance_id: str) -> list[str]:
+        """The SSH host keys ("ssh-ed25519 AAAA...") the instance printed on its console at boot
+        (cloud-init does), read through the cloud's API: a channel the network cannot forge.
+        Empty until they are printed."""
+
+
+_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.DOTALL)
+
+
+def parse_console_host_keys(text: str) -> list[str]:
+    """The host keys of the last block cloud-init printed (a reboot prints another), as
+    "type base64" lines; anything else in the block is ignored."""
+    blocks = _BLOCK.findall(text or "")
+    keys = []
+    for line in (blocks[-1] if blocks else "").splitlines():
+        words = line.strip().split()
+        if len(words) >= 2 and words[0] in _KEY_TYPES:
+            try:
+                base64.b64decode(words[1], validate=True)
+            except (ValueError, binascii.Error):
+                continue
+            keys.append(f"{words[0]} {words[1]}")
+    return keys
 
 
 def default_owner() -> str:

@@ -60,7 +60,8 @@ def ssh_command(ssh_user: str, address: str, identity: Path | None = None, port:
         command += ["-o", "IdentityFile=" + _ssh_word(identity), "-o", "IdentitiesOnly=yes"]
     if port != 22:
         command += ["-p", str(port)]
-    return command + [f"{ssh_user}@{address}", REMOTE_CHECKPOINT]
+    # -l USER -- HOST: neither can be read as an ssh option, whatever the profile says
+    return command + ["-l", ssh_user, "--", address, REMOTE_CHECKPOINT]
 
 
 def _reason(stderr: str, ssh_user: str, address: str, port: int, identity: Path | None) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.errors import UserError, read_user_file
+from gputui.hosts import USER_NAME
 from gputui.paths import profiles_dir
 from gputui.schema import Field, Section, Source
 
@@ -60,7 +61,10 @@ CLOUD_SECTION = Section(
             "ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
             check=_check_ami,
         ),
-        "ssh_user": Field("str", "User name to SSH in as (depends on the image).", "ubuntu"),
+        "ssh_user": Field("str", "User name to SSH in as (depends on the image).", "ubuntu",
+                          check=lambda v: None if USER_NAME.match(v) else "a user name"),
+        "trust_on_first_use": Field("bool", "Accept a slave's first SSH host key unchecked (default: no: it is learnt "
+                                    "from the instance's console output, where cloud-init prints it, and pinned).", False),
         "public_key": Field("str", "Your SSH public key file, imported as the EC2 key pair (relative to the profile).", "~/.ssh/id_ed25519.pub"),
         "ssh_cidr": Field(
             "str", "Who may reach port 22 (default: this machine's public address as /32, found at launch).", None, check=_check_cidr
@@ -86,6 +90,7 @@ class CloudSettings:
     count: int = 1
     ami: str = CLOUD_SECTION.fields["ami"].default
     ssh_user: str = "ubuntu"
+    trust_on_first_use: bool = False
     public_key: str = "~/.ssh/id_ed25519.pub"
     ssh_cidr: str | None = None
     max_price: float | None = None

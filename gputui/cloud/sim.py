@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gputui.cloud.pricing import ON_DEMAND_USD
-from gputui.cloud.provider import CapacityError, LaunchRequest
+from gputui.cloud.provider import CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.errors import UserError
 from gputui.model.cloud import InstanceInfo
 
@@ -43,6 +43,8 @@ class SimScript:
     interruptions: Mapping[int, float] = field(default_factory=dict)  # ordinal -> seconds after launch
     capacity_errors: Mapping[str, str] = field(default_factory=dict)  # zone (or "*") -> spot error code
     on_demand_errors: Mapping[str, str] = field(default_factory=dict)  # zone (or "*") -> error code
+    # the SSH host keys ("type base64") every instance prints on its console once it runs
+    host_keys: tuple[str, ...] = ()
 
 
 def _parse_errors(text: str) -> dict[str, str]:
@@ -51,6 +53,16 @@ def _parse_errors(text: str) -> dict[str, str]:
         zone, _, code = item.partition("=")
         out[zone] = code or "InsufficientInstanceCapacity"
     return out
+
+
+def _read_keys(path: str) -> tuple[str, ...]:
+    if not path:
+        return ()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"GPUTUI_SIM_HOST_KEYS={path}: {exc.strerror or exc}") from None
+    return tuple(" ".join(ln.split()[:2]) for ln in lines if len(ln.split()) >= 2)
 
 
 class SimProvider:
@@ -71,7 +83,7 @@ class SimProvider:
     @classmethod
     def from_env(cls, region: str, state_path: Path) -> "SimProvider":
         """Configured by GPUTUI_SIM_SEED, _LAUNCH_DELAY, _INTERRUPT_AFTER (seconds), _INTERRUPT_AFTER_POLLS,
-        _CAPACITY_ERRORS (zone=Code,...)."""
+        _CAPACITY_ERRORS (zone=Code,...), _HOST_KEYS (a file of public keys the consoles show)."""
         env = os.environ
         try:
             script = SimScript(
@@ -81,6 +93,7 @@ class SimProvider:
                 interrupt_after_polls=(int(env["GPUTUI_SIM_INTERRUPT_AFTER_POLLS"])
                                        if env.get("GPUTUI_SIM_INTERRUPT_AFTER_POLLS") else None),
                 capacity_errors=_parse_errors(env.get("GPUTUI_SIM_CAPACITY_ERRORS", "")),
+                host_keys=_read_keys(env.get("GPUTUI_SIM_HOST_KEYS", "")),
             )
         except ValueError as exc:
             raise UserError(f"GPUTUI_SIM_*: {exc}") from None
@@ -200,6 +213,20 @@ class SimProvider:
                 rec = state["instances"].get(i)
                 if rec is not None and rec["terminate_at"] is None:
                     rec["terminate_at"] = now
+
+    def console_output(self, instance_id: str) -> str:
+        """What the instance's console shows: cloud-init's host-key block once it runs."""
+        now = self.clock()
+        with self._state("console_output") as state:
+            rec = state["instances"].get(instance_id)
+            if rec is None or self._info(instance_id, rec, now).state != "running":
+                return ""
+        keys = "".join(f"{key} root@sim\n" for key in self.script.host_keys)
+        return (f"[   1.0] cloud-init: booting {instance_id}\n-----BEGIN SSH HOST KEY KEYS-----\n{keys}"
+                "-----END SSH HOST KEY KEYS-----\n") if keys else f"[   1.0] booting {instance_id}\n"
+
+    def console_host_keys(self, instance_id: str) -> list[str]:
+        return parse_console_host_keys(self.console_output(instance_id))
 
     def list_tagged(self, tags: Mapping[str, str]) -> list[InstanceInfo]:
         now = self.clock()

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gputui import __version__
-from gputui.cluster.sshnode import SlaveConnection, quote_path
+from gputui.cluster.sshnode import SlaveConnection, quote_path, sh
 from gputui.cluster.wheel import Wheel
 from gputui.errors import GputuiError, UserError
 from gputui.train.data import STEMS, find_file
@@ -200,7 +199,7 @@ class Bootstrapper:
     def _look(self, conn: SlaveConnection) -> tuple[str, dict[str, Any]]:
         """Create the base directory; return its absolute path and the marker (or {})."""
         script = (f"mkdir -p {quote_path(self.remote_dir)} && cd {quote_path(self.remote_dir)} && "
-                  f"mkdir -p runs data wheels home && pwd && cat {MARKER} 2>/dev/null; "
+                  f"mkdir -p runs data wheels home && pwd && cat {sh(MARKER)} 2>/dev/null; "
                   "test -x venv/bin/python || echo '@@novenv'")
         out = conn.check(script, what=f"creating {self.remote_dir}")
         lines = out.splitlines()
@@ -217,8 +216,8 @@ class Bootstrapper:
         return base, marker
 
     def _probe(self, conn: SlaveConnection) -> dict[str, Any]:
-        py = shlex.quote(self.python)
-        script = f"if command -v {py} >/dev/null 2>&1; then {py} -c {shlex.quote(_PROBE)}; else echo '{{}}'; fi"
+        script = (f"if command -v {sh(self.python)} >/dev/null 2>&1; then {sh(self.python, '-c', _PROBE)}; "
+                  "else echo '{}'; fi")
         out = conn.check(script, what=f"checking {self.python}")
         try:
             found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
@@ -228,16 +227,15 @@ class Bootstrapper:
 
     def _install(self, conn: SlaveConnection, base: str, probe: dict[str, Any], steps: list[str]) -> None:
         venv = f"{base}/venv"
-        q = shlex.quote
-        conn.check(f"test -x {q(venv)}/bin/python || {q(str(probe['executable']))} -m venv "
-                   f"--without-pip {q(venv)}", what="creating the venv (needs the venv module, e.g. python3-venv)")
-        purelib = conn.check(f"{q(venv)}/bin/python -c " + q("import sysconfig; print(sysconfig.get_paths()['purelib'])"),
+        conn.check(f"test -x {sh(venv)}/bin/python || {sh(str(probe['executable']))} -m venv "
+                   f"--without-pip {sh(venv)}", what="creating the venv (needs the venv module, e.g. python3-venv)")
+        purelib = conn.check(f"{sh(venv)}/bin/python -c " + sh("import sysconfig; print(sysconfig.get_paths()['purelib'])"),
                              what="finding the venv's site-packages").strip().splitlines()[-1]
         conn.put_text(site_pth(probe.get("site") or []), f"{purelib}/{PTH}")
         steps.append("venv")
         remote_wheel_dir = f"{base}/wheels/{self.wheel.source_hash}"
         remote_wheel = f"{remote_wheel_dir}/{self.wheel.name}"
-        conn.check(f"mkdir -p {q(remote_wheel_dir)}", what="creating the wheel directory")
+        conn.check(f"mkdir -p {sh(remote_wheel_dir)}", what="creating the wheel directory")
         try:
             size = conn.sftp().stat(remote_wheel).st_size
         except OSError:
@@ -245,12 +243,12 @@ class Bootstrapper:
         if size != self.wheel.path.stat().st_size:
             conn.put(self.wheel.path, remote_wheel)
             steps.append("wheel copied")
-        conn.check(f"{q(venv)}/bin/python -m pip --version >/dev/null 2>&1 || {q(venv)}/bin/python -m ensurepip >/dev/null",
+        conn.check(f"{sh(venv)}/bin/python -m pip --version >/dev/null 2>&1 || {sh(venv)}/bin/python -m ensurepip >/dev/null",
                    what="finding pip for the venv (install python3-pip there)")
-        conn.check(f"{q(venv)}/bin/python -m pip install -q --no-deps --no-index --force-reinstall "
-                   f"--disable-pip-version-check {q(remote_wheel)}", timeout=300, what="installing gputui's wheel")
-        out = conn.check(f"cd {q(base)} && {q(venv)}/bin/python -c "
-                         + q("import gputui, torch, numpy; print(gputui.__version__, gputui.__file__)"),
+        conn.check(f"{sh(venv)}/bin/python -m pip install -q --no-deps --no-index --force-reinstall "
+                   f"--disable-pip-version-check {sh(remote_wheel)}", timeout=300, what="installing gputui's wheel")
+        out = conn.check(f"cd {sh(base)} && {sh(venv)}/bin/python -c "
+                         + sh("import gputui, torch, numpy; print(gputui.__version__, gputui.__file__)"),
                          timeout=120, what="importing gputui and torch in the venv")
         version, _, where = out.strip().splitlines()[-1].partition(" ")
         if version != __version__ or not where.startswith(venv):
@@ -260,7 +258,7 @@ class Bootstrapper:
 
     def _copy_dataset(self, conn: SlaveConnection, base: str, steps: list[str]) -> str:
         data_dir = f"{base}/data/{self.dataset.digest}"
-        conn.check(f"mkdir -p {shlex.quote(data_dir)}", what="creating the data directory")
+        conn.check(f"mkdir -p {sh(data_dir)}", what="creating the data directory")
         remote = {name: f"{data_dir}/{name}" for name, _ in self.dataset.files}
         have = self._remote_md5(conn, list(remote.values()))
         copied = []
@@ -277,8 +275,7 @@ class Bootstrapper:
         return data_dir
 
     def _remote_md5(self, conn: SlaveConnection, paths: list[str]) -> dict[str, str]:
-        py = shlex.quote(self.python)
-        out = conn.check(f"{py} -c {shlex.quote(_MD5)} " + " ".join(shlex.quote(p) for p in paths),
+        out = conn.check(sh(self.python, "-c", _MD5, *paths),
                          timeout=120, what="checking the dataset's md5 sums")
         found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
         return {str(k): str(v) for k, v in found.items()}

@@ -148,7 +148,7 @@ class ClusterRun:
             if self.started_ids:
                 self.emit("slaves_started", instances=list(self.started_ids), message=f"{len(self.started_ids)} cloud slave(s) started")
             for slave in slaves:
-                conn = self._connect(slave.spec, CLOUD_SSH_WAIT_S)
+                conn = self.manager.connect(slave, CLOUD_SSH_WAIT_S)
                 self.nodes.append(Node(slave.instance_id, "cloud", conn.address, slave.spec, conn, instance_id=slave.instance_id))
         slaves_up = [n for n in self.nodes if n.conn is not None]
         self.master_addr = s.master_addr or next((a for a in (n.conn.local_address() for n in slaves_up if n.conn) if a), None) or "127.0.0.1"
@@ -369,7 +369,7 @@ class ClusterRun:
                 self.started_ids.append(slave.instance_id)
                 if node.conn is not None:
                     node.conn.close()
-                conn = self._connect(slave.spec, CLOUD_SSH_WAIT_S)
+                conn = self.manager.connect(slave, CLOUD_SSH_WAIT_S)
                 new = Node(slave.instance_id, "cloud", conn.address, slave.spec, conn, instance_id=slave.instance_id)
                 self.nodes[self.nodes.index(node)] = new
             else:  # the same host (or the master) again, over a fresh connection

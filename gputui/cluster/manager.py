@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.lifecycle import CloudContext, UpResult, launch, plan_launch, terminate, wait_running
@@ -24,6 +24,9 @@ from gputui.cluster.store import ClusterStore
 from gputui.errors import GputuiError
 from gputui.hosts import HostSpec
 from gputui.model.cloud import ENDED_STATES, InstanceInfo
+
+if TYPE_CHECKING:
+    from gputui.cluster.sshnode import SlaveConnection
 
 IDLE_UTIL_PCT = 5.0
 # utilisation of a slave's GPUs in percent (the busiest), None when unknown
@@ -49,7 +52,7 @@ def default_host_spec(settings: ClusterSettings) -> Callable[[InstanceInfo], Hos
         private = public.with_suffix("") if public.suffix == ".pub" else None
         return HostSpec(name=info.instance_id, address=str(info.public_ip), user=cloud.ssh_user,
                         identity_file=private if private is not None and private.is_file() else None,
-                        trust_on_first_use=True, connect_timeout=10.0, command_timeout=60.0)
+                        trust_on_first_use=cloud.trust_on_first_use, connect_timeout=10.0, command_timeout=60.0)
 
     return spec
 
@@ -65,6 +68,37 @@ class SlaveManager:
         self.store = store or ClusterStore(ctx.ledger.path)
         self.resolver = resolver
         self.guard = BudgetGuard(ctx, interval_s=60.0)
+
+    def connect(self, slave: CloudSlave, wait_s: float) -> "SlaveConnection":
+        """SSH to a cloud slave, its host key first learnt from its console output and pinned
+        (unless [cloud] trust_on_first_use): a key the network substitutes is refused."""
+        from gputui.cluster.sshnode import SlaveConnection
+
+        if not slave.spec.trust_on_first_use:
+            self.pin_host_key(slave, wait_s)
+        return SlaveConnection(slave.spec).open_or_raise(wait_s)
+
+    def pin_host_key(self, slave: CloudSlave, wait_s: float) -> list[str]:
+        """Wait (up to `wait_s`, on the context's clock) for the host keys on the slave's console;
+        make them the only ones gputui knows for its address. The keys pinned."""
+        from gputui.sources.hostkeys import SshOptions, known_name, pin_host_keys
+
+        deadline = self.ctx.clock() + wait_s
+        delay = 2.0
+        while True:
+            keys = self.ctx.provider.console_host_keys(slave.instance_id)
+            if keys:
+                break
+            left = deadline - self.ctx.clock()
+            if left <= 0:
+                raise GputuiError(f"cloud slave {slave.instance_id}: no SSH host key in its console output after "
+                                  f"{wait_s:g} s (cloud-init prints them at boot); use an image with cloud-init, or set "
+                                  f"[cloud] trust_on_first_use = true in {self.settings.source} to accept the first key")
+            self.ctx.sleep(min(delay, left))
+            delay = min(delay * 1.5, 15.0)
+        spec = slave.spec
+        pin_host_keys(SshOptions().gputui_known_hosts_path(), known_name(spec.address, spec.port or 22), keys)
+        return keys
 
     def _record(self, kind: str, message: str, instance_id: str | None = None) -> None:
         self.ctx.record([self.ctx.event(kind, message, instance_id)])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import queue
-import shlex
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gputui.cluster.sshnode import SlaveConnection
+from gputui.cluster.sshnode import SlaveConnection, sh
 
 # (node name, "line" | "exit", text or exit code)
 Item = tuple[str, str, Any]
@@ -126,10 +125,9 @@ class RemoteNode(NodeProc):
                  args: Sequence[str], env: Mapping[str, str], grace_s: float, spot_watcher: bool) -> None:
         super().__init__(name, items)
         self.conn = conn
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items())
+        exports = [f"{k}={v}" for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items()]
         flags = ["--grace", repr(grace_s)] + (["--spot-watcher"] if spot_watcher else [])
-        command = (f"cd {shlex.quote(cwd)} && exec env {exports} {shlex.quote(venv_python)} -m gputui.cluster.node "
-                   + " ".join(shlex.quote(a) for a in [*flags, "--", *args]))
+        command = f"cd {sh(cwd)} && exec " + sh("env", *exports, venv_python, "-m", "gputui.cluster.node", *flags, "--", *args)
         self.channel = conn.open(command)
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 

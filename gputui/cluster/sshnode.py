@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 _USER_STATES = (HostState.AUTH_FAILED, HostState.HOST_KEY_UNKNOWN, HostState.HOST_KEY_MISMATCH)
 
 
+def sh(*words: str) -> str:
+    """Shell words for a remote command, each quoted: the one way gputui puts a value into one
+    (tests/test_security.py fails on an f-string that interpolates anything else)."""
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
 def quote_path(path: str) -> str:
     """A shell word for a remote path; a leading '~/' stays the remote user's home."""
     if path == "~":

@@ -87,14 +87,15 @@ def _up(args: argparse.Namespace, settings: Any, manager: Any) -> int:
     from gputui.cluster.wheel import build_wheel
     from gputui.paths import bundled_mnist
 
-    specs = list(settings.hosts)[: settings.slaves_needed]
-    missing = settings.slaves_needed - len(specs)
-    if missing and manager is not None:
-        specs += [s.spec for s in manager.ensure(missing, minimum=max(0, settings.min_slaves - len(specs)))]
+    static = list(settings.hosts)[: settings.slaves_needed]
+    missing = settings.slaves_needed - len(static)
+    cloud = manager.ensure(missing, minimum=max(0, settings.min_slaves - len(static))) if missing and manager else []
+    connects = [(spec, lambda spec=spec: SlaveConnection(spec).open_or_raise()) for spec in static]
+    connects += [(slave.spec, lambda slave=slave: manager.connect(slave, 300.0)) for slave in cloud]
     boot = Bootstrapper(settings.remote_dir, settings.python, build_wheel(), local_dataset(bundled_mnist()))
     done = []
-    for spec in specs:
-        conn = SlaveConnection(spec).open_or_raise(300.0 if spec.trust_on_first_use else 0.0)
+    for spec, connect in connects:
+        conn = connect()
         try:
             result = boot.bootstrap(conn)
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shlex
 import socket
 import threading
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ class HostKeyPolicy:
 
 
 def _known_name(target: "Target") -> str:
-    return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
+    return known_name(target.hostname, target.port)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,54 @@ class Failure:
         return f"{self.reason}; {self.fix}" if self.fix else self.reason
 
 
-def classify(exc: BaseException, target: "Target", timeout: float) -> Failure:
+def known_name(hostname: str, port: int) -> str:
+    """How known_hosts names a host: `host`, or `[host]:port` off port 22."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+def _rewrite(path: Path, drop: set[str], add: list[str]) -> None:
+    """Rewrite a known_hosts file atomically: lines for the names in `drop` go, `add` is appended."""
+    with _WRITE_LOCK:
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            lines = []
+        kept = [ln for ln in lines if not (ln.split() and set(ln.split()[0].split(",")) & drop)]
+        if kept == lines and not add:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii", errors="replace") as f:
+            f.write("".join(ln + "\n" for ln in kept + add))
+        os.replace(tmp, path)
+
+
+def pin_host_keys(path: Path, name: str, keys: list[str]) -> None:
+    """Make `keys` ("ssh-ed25519 AAAA...", learnt from a channel the network does not control) the
+    only ones known for `name` in gputui's known_hosts."""
+    _rewrite(path, {name}, [f"{name} {key}" for key in keys])
+
+
+def forget_hosts(path: Path, names: list[str]) -> None:
+    """Drop every key known for `names` (an instance is gone: its address may be reused)."""
+    if names:
+        _rewrite(path, set(names), [])
+
+
+def holder(files: list[Path], name: str) -> Path | None:
+    """The first of `files` that holds a key for `name`."""
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if any(ln.split() and name in ln.split()[0].split(",") for ln in text.splitlines()):
+            return path
+    return None
+
+
+def classify(exc: BaseException, target: "Target", timeout: float, known_hosts: list[Path] | None = None) -> Failure:
     """The host state an exception from connecting or polling means, with its reason and fix."""
     import paramiko
 
@@ -112,10 +160,12 @@ def classify(exc: BaseException, target: "Target", timeout: float) -> Failure:
             f"if that is the server's key, trust it with `{keyscan}` or set trust_on_first_use = true (--trust-on-first-use)",
         )
     if isinstance(exc, paramiko.BadHostKeyException):
+        holding = holder(known_hosts or [], known)  # the file the fix must edit (often gputui's own)
+        remove = f"ssh-keygen -R {shlex.quote(known)}" + (f" -f {shlex.quote(str(holding))}" if holding is not None else "")
         return Failure(
             HostState.HOST_KEY_MISMATCH,
             f"host key of {known} has CHANGED (now {exc.key.get_name()} {fingerprint(exc.key)}, known {fingerprint(exc.expected_key)}): refused",
-            f"if the server was reinstalled, remove the old key with `ssh-keygen -R '{known}'`",
+            f"if the server was reinstalled, remove the old key with `{remove}`",
         )
     if isinstance(exc, paramiko.PasswordRequiredException):
         return Failure(HostState.AUTH_FAILED, "the identity file is passphrase-protected", "load it into ssh-agent (ssh-add FILE)")

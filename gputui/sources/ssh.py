@@ -190,7 +190,7 @@ class SshHost:
             )
         except Exception as exc:  # noqa: BLE001 - every failure is a state of the host
             client.close()
-            self._fail(classify(exc, self.target, timeout), start, time.perf_counter() - t0)
+            self._fail(classify(exc, self.target, timeout, self.options.all_known_hosts()), start, time.perf_counter() - t0)
             return False
         transport = client.get_transport()
         if transport is not None:
@@ -272,7 +272,7 @@ class SshHost:
             return self.snapshot
         except Exception as exc:  # noqa: BLE001 - a lost connection: reconnect with backoff
             self._drop()
-            failure = classify(exc, self.target, self.spec.connect_timeout)
+            failure = classify(exc, self.target, self.spec.connect_timeout, self.options.all_known_hosts())
             self._fail(replace(failure, reason=f"connection lost: {failure.reason}"), start, time.perf_counter() - t0)
             return self.snapshot
         self._backoff.reset()
