@@ -89,9 +89,6 @@ def test_a_ddp_worker_that_dies_fails_the_run_with_exit_1_and_one_line(small_dat
         assert [(run_id, status) for run_id, _c, _s, _e, status in ledger.runs()] == [("r", "failed")]
 
 
-@pytest.mark.xfail(strict=True, reason="product bug, gputui/train/checkpoint.py: on a short write torch.save raises "
-                   "RuntimeError ('unexpected pos ...', the OSError only as its __context__), which save() does not "
-                   "catch: a traceback instead of the one line, and ckpt.pt.tmp is left behind")
 def test_a_checkpoint_the_disk_refuses_exits_1_with_one_line(small_data: Path, tmp_path: Path) -> None:
     """Not the user's input: the kernel refuses the write (a file-size limit, as a quota would;
     the fast model's checkpoint is about 1.3 MB, everything else the run writes is far smaller)."""

@@ -71,9 +71,6 @@ def test_kwh_price_meters_local_gpu_energy_every_minute(tmp_path: Path, gputui_h
     drive(app, scenario)
 
 
-@pytest.mark.xfail(strict=True, reason="product bug, gputui/ui: the app never closes its HostFeed on exit (only "
-                   "when the profile changes), so HostFeed.close()'s flush never runs: up to a minute of metered "
-                   "energy is lost at every quit")
 def test_kwh_price_energy_since_the_last_flush_is_written_on_exit(tmp_path: Path, gputui_home: Path) -> None:
     clock = Clock()
     start = clock.now

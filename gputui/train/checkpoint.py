@@ -30,10 +30,15 @@ def save(path: Path, state: dict[str, Any]) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
+        # torch.save's zip writer turns a refused write (full disk, quota, file-size limit) into a
+        # RuntimeError ("unexpected pos ...") with the OSError only as its context.
+        cause = exc if isinstance(exc, OSError) else exc.__context__
+        if not isinstance(cause, OSError):
+            raise
         tmp.unlink(missing_ok=True)
         raise GputuiError(
-            f"cannot write checkpoint {path}: {exc.strerror or exc}; free space or fix permissions, "
+            f"cannot write checkpoint {path}: {cause.strerror or cause}; free space or fix permissions, "
             "then resume from the previous checkpoint"
         ) from None
 

@@ -65,6 +65,12 @@ class DashboardApp(TrainingActions, SlaveActions):
         if os.environ.get(FIRST_FRAME_ENV):
             self.call_after_refresh(self._first_frame)
 
+    def on_unmount(self) -> None:
+        """Close the telemetry feed at exit: its energy meter writes what it measured since its last flush."""
+        feed, self.feed = self.feed, None
+        if feed is not None:
+            feed.close()
+
     def _first_frame(self) -> None:
         Path(os.environ[FIRST_FRAME_ENV]).write_text(f"{time.time():.6f}\n", encoding="ascii")
 
