@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from gputui.hosts import HostSpec
 from gputui.model.telemetry import HostState
+from gputui.model.text import clean
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 MIN_PYTHON = (3, 10)
@@ -122,16 +123,17 @@ def local_checks() -> list[Check]:
 
 def _connection_checks(name: str, failure: Any) -> list[Check]:
     """Reachable / host key / login rows for a host that did not get as far as nvidia-smi."""
+    reason, fix = clean(failure.reason or ""), clean(failure.fix or "")
     if failure.state in (HostState.UNREACHABLE, HostState.CONNECTING):
-        return [Check(name, "reachable", FAIL, failure.reason, failure.fix or "check the address, the port and that sshd runs there")]
+        return [Check(name, "reachable", FAIL, reason, fix or "check the address, the port and that sshd runs there")]
     rows = [Check(name, "reachable", PASS, "the SSH server answers")]
     if failure.state in (HostState.HOST_KEY_UNKNOWN, HostState.HOST_KEY_MISMATCH):
-        rows.append(Check(name, "host key", FAIL, failure.reason, failure.fix))
+        rows.append(Check(name, "host key", FAIL, reason, fix))
     elif failure.state == HostState.AUTH_FAILED:
         rows.append(Check(name, "host key", PASS, "known"))
-        rows.append(Check(name, "login", FAIL, failure.reason, failure.fix))
+        rows.append(Check(name, "login", FAIL, reason, fix))
     else:
-        rows.append(Check(name, "ssh", FAIL, failure.reason, failure.fix or "see the reason"))
+        rows.append(Check(name, "ssh", FAIL, reason, fix or "see the reason"))
     return rows
 
 
@@ -143,7 +145,7 @@ def remote_checks(spec: HostSpec, options: Any) -> list[Check]:
     name = spec.name
     try:
         snap = host.poll_now()
-        message = snap.message or ""
+        message = clean(snap.message or "")
         if host.failure is not None:
             return _connection_checks(name, host.failure)
         rows = [Check(name, "reachable", PASS, f"{host.target.label()} answers"), Check(name, "host key", PASS, "known")]
@@ -172,7 +174,8 @@ def _python_checks(host: Any, name: str) -> list[Check]:
         return [Check(name, "python", FAIL, f"could not run python3: {type(exc).__name__}", "check the connection")]
     if code == 127:
         return [Check(name, "python", FAIL, "python3 not found", f"install Python {'.'.join(map(str, MIN_PYTHON))}+ on {name}")]
-    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()}
+    words = [clean(line).split() for line in out.splitlines()]  # what the remote python3 printed is data
+    lines = {w[0]: w[1:] for w in words if w}
     rows = []
     version = (lines.get("python") or ["n/a"])[0]
     rows.append(Check(name, "python", PASS if _version_ok(version) else FAIL, f"Python {version}", "" if _version_ok(version) else f"install Python 3.10+ on {name}"))

@@ -15,6 +15,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from gputui.model.text import clean, clean_tree
+
 STOP_GRACE_S = 15.0  # a SIGTERMed run checkpoints within seconds; after this it is killed
 
 
@@ -61,7 +63,7 @@ class TrainingChild:
         try:
             for line in self.proc.stderr:
                 if line.strip():
-                    self._stderr.append(line.rstrip())
+                    self._stderr.append(clean(line.rstrip()))
         finally:
             self._stderr_done.set()
 
@@ -74,7 +76,7 @@ class TrainingChild:
             except json.JSONDecodeError:
                 continue  # `--json` prints only events; anything else is not ours to show
             if isinstance(event, dict):
-                yield event
+                yield clean_tree(event)  # a cluster run relays what slaves said: data, without control characters
 
     def wait(self) -> int:
         """The exit code, once the process has ended and its stderr is read."""

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+from gputui.model.text import clean
 from gputui.sources.host import LocalHost
 
 MAX_COMMAND_CHARS = 200
@@ -29,7 +30,8 @@ class _Unsupported(Exception):
 
 
 def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    """A string NVML gives (GPU name, driver version): decoded, without control characters."""
+    return clean(value.decode(errors="replace") if isinstance(value, bytes) else str(value))
 
 
 class NvmlSource:
@@ -234,7 +236,7 @@ def _describe_pid(pid: int) -> tuple[str | None, str | None]:
         with proc.oneshot():
             user = proc.username()
             command = " ".join(proc.cmdline()) or proc.name()
-        return user, command[:MAX_COMMAND_CHARS] or None
+        return clean(user), clean(command, MAX_COMMAND_CHARS) or None
     except Exception:  # noqa: BLE001 - gone, or another user's: n/a
         return None, None
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputui.model.telemetry import GpuProcess, GpuSample, HostState
+from gputui.model.text import clean
 from gputui.sources.host import CpuTimes, parse_meminfo, parse_proc_stat_line
 
 # nvidia-smi --query-gpu field -> GpuSample attribute ("driver_version" goes to the host).
@@ -80,8 +81,9 @@ def remote_command(gpu_fields: tuple[str, ...]) -> str:
 
 
 def parse_value(text: str) -> str | None:
-    """A CSV cell: stripped, with "[N/A]", "[Not Supported]" and the like mapped to None."""
-    text = text.strip()
+    """A CSV cell: stripped of control characters and blanks, with "[N/A]", "[Not Supported]"
+    and the like mapped to None."""
+    text = clean(text.strip()).strip()
     if not text or _MISSING.match(text):
         return None
     return text
@@ -152,8 +154,8 @@ def parse_ps(text: str) -> dict[int, tuple[str, str | None]]:
     for line in text.splitlines():
         parts = line.split(None, 2)
         if len(parts) >= 2 and parts[0].isdigit():
-            command = parts[2].strip()[:MAX_COMMAND_CHARS] if len(parts) > 2 else None
-            out[int(parts[0])] = (parts[1], command or None)
+            command = clean(parts[2], MAX_COMMAND_CHARS).strip() if len(parts) > 2 else None
+            out[int(parts[0])] = (clean(parts[1]), command or None)
     return out
 
 
@@ -196,8 +198,9 @@ def _sections(text: str) -> tuple[dict[str, str], dict[str, int], dict[str, str]
 
 def _first_line(text: str) -> str:
     for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:200]
+        line = clean(line, 200).strip()
+        if line:
+            return line
     return "no output"
 
 
@@ -231,7 +234,7 @@ def parse_report(text: str, gpu_fields: tuple[str, ...]) -> RemoteReading:
     if "gpu" not in bodies:
         return replace(base, state=HostState.ERROR, message="the poll was cut short (no nvidia-smi output)")
     gpu_body, gpu_code = bodies["gpu"], codes.get("gpu", -1)
-    invalid = tuple(_INVALID_FIELD.findall(gpu_body))
+    invalid = tuple(clean(f) for f in _INVALID_FIELD.findall(gpu_body))
     if invalid:
         message = f"nvidia-smi rejects field(s) {', '.join(invalid)}"
         return replace(base, state=HostState.ERROR, message=message, invalid_fields=invalid)

@@ -12,6 +12,7 @@ from typing import IO, Sequence
 
 from gputui.errors import UserError, read_user_file
 from gputui.model.telemetry import HostSnapshot, round_from_dict, round_to_dict
+from gputui.model.text import clean_tree
 
 
 class Recorder:
@@ -45,7 +46,7 @@ def read_rounds(path: Path) -> list[list[HostSnapshot]]:
         if not line.strip():
             continue
         try:
-            rounds.append(round_from_dict(json.loads(line)))
+            rounds.append(round_from_dict(clean_tree(json.loads(line))))  # a file's names are data
         except (ValueError, KeyError, TypeError) as exc:
             raise UserError(f"{path}:{number}: not a gputui telemetry round: {exc}") from None
     if not rounds:

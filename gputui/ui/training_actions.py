@@ -10,6 +10,7 @@ from textual.message import Message
 
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.training import TrainingState, event_line
+from gputui.model.text import clean_tree
 from gputui.runs import EVENTS, read_events
 from gputui.ui.base import DashboardBase
 from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
@@ -18,7 +19,7 @@ from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
 
 def earlier_events(run_dir: str) -> list[dict[str, Any]]:
     """A resumed run's events before its latest start (its events.jsonl holds them all)."""
-    events = read_events(Path(run_dir) / EVENTS)
+    events = clean_tree(read_events(Path(run_dir) / EVENTS))
     starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
     return events[: starts[-1]] if starts else events
 
