@@ -1,10 +1,15 @@
-"""How `gputui run` shows its events on a terminal: JSON lines, or a rich progress bar."""
+"""How `gputui run` shows its events on a terminal: JSON lines, or a rich progress bar.
+
+Events may be relayed from slaves: their values are data. The progress view shows them as
+`Text` cleaned of control characters, never as markup, and a value of the wrong type as "n/a".
+"""
 
 from __future__ import annotations
 
 import sys
 from typing import Any, Protocol
 
+from gputui.model.text import clean
 from gputui.runs import encode
 
 
@@ -40,8 +45,35 @@ class JsonView:
         pass
 
 
-def _fmt_acc(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}%"
+def _num(value: Any, spec: str, unit: str = "") -> str:
+    """A number from an event, formatted; "n/a" for None or anything that is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a"
+    try:
+        return f"{value:{spec}}{unit}"
+    except ValueError:  # a float where an integer belongs
+        return "n/a"
+
+
+def _fmt_acc(value: Any) -> str:
+    return _num(value, ".2f", "%")
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(*parts: str | tuple[Any, str]) -> Any:
+    """A line of plain strings (ours) and (value, style) pairs (the event's, cleaned): no markup."""
+    from rich.text import Text
+
+    line = Text()
+    for part in parts:
+        if isinstance(part, tuple):
+            line.append(clean(str(part[0])), part[1])
+        else:
+            line.append(part)
+    return line
 
 
 class ProgressView:
@@ -53,12 +85,12 @@ class ProgressView:
 
         self.console = Console(stderr=True)
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("acc {task.fields[acc]}"),
-            TextColumn("{task.fields[rate]} samples/s"),
+            TextColumn("loss {task.fields[loss]}", markup=False),
+            TextColumn("acc {task.fields[acc]}", markup=False),
+            TextColumn("{task.fields[rate]} samples/s", markup=False),
             TimeRemainingColumn(),
             console=self.console,
             transient=False,
@@ -69,17 +101,18 @@ class ProgressView:
     def show(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "start":
-            self.epochs = event["epochs"]
-            resumed = event.get("resumed_from_step")
+            self.epochs = _int(event.get("epochs")) or 0
+            resumed = _int(event.get("resumed_from_step"))
             note = f", resumed at step {resumed}" if resumed is not None else ""
-            self.console.print(
-                f"run [bold]{event['run_id']}[/]: model {event['model']} on {event['device']} "
-                f"({event['strategy']}, {event.get('world_size', 1)} process(es)){note}"
-            )
+            self.console.print(_text(
+                "run ", (event.get("run_id"), "bold"), ": model ", (event.get("model"), ""), " on ",
+                (event.get("device"), ""), " (", (event.get("strategy"), ""), ", ",
+                (_int(event.get("world_size", 1)) or "n/a", ""), f" process(es)){note}",
+            ))
             self.progress.start()
             self.task = self.progress.add_task(
                 f"epoch 1/{self.epochs}",
-                total=event["total_steps"],
+                total=_int(event.get("total_steps")),
                 completed=resumed or 0,
                 loss="n/a",
                 acc="n/a",
@@ -90,28 +123,30 @@ class ProgressView:
         elif kind == "step":
             self.progress.update(
                 self.task,
-                completed=event["step"],
-                description=f"epoch {event['epoch']}/{self.epochs}",
-                loss=f"{event['loss']:.4f}",
-                rate=f"{event['samples_per_s']:,.0f}",
+                completed=_int(event.get("step")),
+                description=f"epoch {_num(event.get('epoch'), 'd')}/{self.epochs}",
+                loss=_num(event.get("loss"), ".4f"),
+                rate=_num(event.get("samples_per_s"), ",.0f"),
             )
         elif kind in ("eval", "epoch"):
-            self.progress.update(self.task, completed=event["step"], acc=_fmt_acc(event["test_acc"]))
+            self.progress.update(self.task, completed=_int(event.get("step")), acc=_fmt_acc(event.get("test_acc")))
             if kind == "epoch":
-                self.progress.console.print(
-                    f"epoch {event['epoch']}/{self.epochs}: train loss {event['train_loss']:.4f}, "
-                    f"test loss {event['test_loss']:.4f}, test acc {_fmt_acc(event['test_acc'])} "
-                    f"({event['elapsed_s']:.1f} s training)"
-                )
+                self.progress.console.print(_text(
+                    f"epoch {_num(event.get('epoch'), 'd')}/{self.epochs}: train loss {_num(event.get('train_loss'), '.4f')}, "
+                    f"test loss {_num(event.get('test_loss'), '.4f')}, test acc {_fmt_acc(event.get('test_acc'))} "
+                    f"({_num(event.get('elapsed_s'), '.1f')} s training)"
+                ))
         elif kind == "interrupted":
             self.close()
-            self.console.print(f"[yellow]interrupted[/] ({event.get('reason', '')}) at step {event['step']}")
+            self.console.print(_text(("interrupted", "yellow"), " (", (event.get("reason", ""), ""),
+                                     f") at step {_num(event.get('step'), 'd')}"))
         elif kind == "done":
             self.close()
-            self.console.print(
-                f"[green]done[/]: test acc {_fmt_acc(event['test_acc'])} after {event['epochs']} epoch(s), "
-                f"{event['elapsed_s']:.1f} s training (+{event['eval_s']:.1f} s evaluation)"
-            )
+            self.console.print(_text(
+                ("done", "green"),
+                f": test acc {_fmt_acc(event.get('test_acc'))} after {_num(event.get('epochs'), 'd')} epoch(s), "
+                f"{_num(event.get('elapsed_s'), '.1f')} s training (+{_num(event.get('eval_s'), '.1f')} s evaluation)",
+            ))
 
     def close(self) -> None:
         if self.task is not None:

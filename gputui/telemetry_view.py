@@ -1,4 +1,8 @@
-"""Rich tables of host snapshots for `gputui monitor` (the dashboard draws its own)."""
+"""Rich tables of host snapshots for `gputui monitor` (the dashboard draws its own).
+
+Names, states and messages come from remote hosts: every cell is a `Text`, never markup,
+cleaned of control characters.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from gputui.model.telemetry import HostSnapshot, HostState, fmt, fmt_pair
+from gputui.model.text import MAX_CHARS, clean
 
+NAME_W = 40  # a longer GPU name is cut with an ellipsis
+MESSAGE_CHARS = 300  # a host's message folds in its cell up to this length
 STATE_STYLE = {
     HostState.OK: "green",
     HostState.NO_DRIVER: "yellow",
@@ -20,11 +27,26 @@ def _gib(mib: float | None) -> float | None:
     return None if mib is None else mib / 1024
 
 
+def safe(value: object, style: str = "", width: int | None = None, limit: int = MAX_CHARS) -> Text:
+    """A cell from outside the process: plain text (no markup), without control characters, at
+    most `limit` characters; with a `width`, one line of at most that many cells."""
+    text = Text(clean(str(value), limit), style=style)
+    if width is not None:
+        text.no_wrap, text.overflow = True, "ellipsis"
+        text.truncate(width, overflow="ellipsis")
+    return text
+
+
+def _add_row(table: Table, *cells: Text | str) -> None:
+    """A row whose plain strings (numbers, or what a replayed file put there) are text, not markup."""
+    table.add_row(*(cell if isinstance(cell, Text) else safe(cell) for cell in cells))
+
+
 def _host_cells(host: HostSnapshot) -> list[Text | str]:
     style = STATE_STYLE.get(host.state, "bold red")
     took = "n/a" if host.duration_s is None else f"{host.duration_s * 1000:.0f} ms"
     return [
-        Text(host.name, style="bold"),
+        safe(host.name, "bold", width=48),
         Text(host.state.value, style=style),
         fmt(host.cpu_pct, "%"),
         fmt_pair(_gib(host.mem_used_mib), _gib(host.mem_total_mib), " GiB"),
@@ -40,13 +62,14 @@ def hosts_table(hosts: Sequence[HostSnapshot]) -> Table:
     for host in hosts:
         cells = _host_cells(host)
         if not host.gpus:
-            table.add_row(*cells, "", Text(host.message or "", style="dim" if host.state.worked else "red"), *[""] * 9)
+            _add_row(table, *cells, "", safe(host.message or "", "dim" if host.state.worked else "red", limit=MESSAGE_CHARS), *[""] * 9)
             continue
         for n, gpu in enumerate(host.gpus):
-            table.add_row(
+            _add_row(
+                table,
                 *(cells if n == 0 else [""] * len(cells)),
                 str(gpu.index),
-                gpu.name or "n/a",
+                safe(gpu.name or "n/a", width=NAME_W),
                 fmt(gpu.util_pct, "%"),
                 fmt(gpu.mem_util_pct, "%"),
                 fmt_pair(gpu.mem_used_mib, gpu.mem_total_mib),
@@ -54,7 +77,7 @@ def hosts_table(hosts: Sequence[HostSnapshot]) -> Table:
                 fmt_pair(gpu.power_w, gpu.power_limit_w),
                 fmt(gpu.fan_pct, "%"),
                 fmt_pair(gpu.clock_sm_mhz, gpu.clock_mem_mhz),
-                fmt(gpu.pstate),
+                safe(fmt(gpu.pstate), width=5),
                 str(len(gpu.processes)),
             )
     return table
