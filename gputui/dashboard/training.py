@@ -4,12 +4,28 @@ frozen state (progress, rates, ETA, best accuracy, the loss and accuracy curves)
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from gputui.model.telemetry import fmt
+
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
 ACTIVE = ("starting", "running", "stopping")
+# An event's numbers; a cluster run relays them from slaves, so anything else there is None.
+NUMBERS = ("world_size", "epochs", "batch_size", "steps_per_epoch", "total_steps", "resumed_from_step", "epoch", "step",
+           "loss", "samples_per_s", "elapsed_s", "test_acc", "best_acc", "train_loss", "test_loss", "eval_s")
+
+
+def typed(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The event with each number that is not a finite number (text, NaN, a bool) as None."""
+    out = dict(event)
+    for key in NUMBERS:
+        value = out.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+            out[key] = None
+    return out
 
 
 def _capped(points: tuple[tuple[float, float], ...], point: tuple[float, float]) -> tuple[tuple[float, float], ...]:
@@ -74,6 +90,7 @@ class TrainingState:
 
     def fold(self, event: Mapping[str, Any]) -> "TrainingState":
         """This state after one event of `gputui run --json` (unknown events change nothing)."""
+        event = typed(event)
         kind = event.get("event")
         if kind == "start":
             resumed = event.get("resumed_from_step")
@@ -89,14 +106,14 @@ class TrainingState:
             )
         if kind == "step":
             loss = event.get("loss")
-            points = self.loss_points if loss is None else _capped(self.loss_points, (event["step"], loss))
+            points = self.loss_points if loss is None or event.get("step") is None else _capped(self.loss_points, (event["step"], loss))
             return replace(self, epoch=event.get("epoch"), step=event.get("step"), loss=loss,
                            samples_per_s=event.get("samples_per_s"), elapsed_s=event.get("elapsed_s"),
                            loss_points=points)
         if kind in ("eval", "epoch"):
             acc = event.get("test_acc")
             best = self.best_acc if acc is None else max(acc, self.best_acc or acc)
-            points = self.acc_points if acc is None else _capped(self.acc_points, (event["step"], acc))
+            points = self.acc_points if acc is None or event.get("step") is None else _capped(self.acc_points, (event["step"], acc))
             return replace(self, epoch=event.get("epoch"), step=event.get("step"), test_acc=acc, best_acc=best,
                            elapsed_s=event.get("elapsed_s", self.elapsed_s), acc_points=points)
         if kind == "interrupted":
@@ -128,6 +145,7 @@ class TrainingState:
 
 def event_line(event: Mapping[str, Any]) -> str | None:
     """A line for the events log, for the events worth one (not every step)."""
+    event = typed(event)
     kind = event.get("event")
     if kind == "start":
         resumed = event.get("resumed_from_step")
@@ -135,10 +153,10 @@ def event_line(event: Mapping[str, Any]) -> str | None:
         return (f"run {event.get('run_id')} {how}: {event.get('model')} on {event.get('device')} "
                 f"({event.get('strategy')}), {event.get('epochs')} epoch(s), {event.get('total_steps')} steps")
     if kind == "epoch":
-        return (f"epoch {event.get('epoch')}: test acc {event.get('test_acc'):.2f}%, "
-                f"test loss {event.get('test_loss'):.4f}; checkpoint saved")
+        return (f"epoch {event.get('epoch')}: test acc {fmt(event.get('test_acc'), '%', 2)}, "
+                f"test loss {fmt(event.get('test_loss'), '', 4)}; checkpoint saved")
     if kind == "interrupted":
         return f"run interrupted ({event.get('reason')}) at step {event.get('step')}; checkpoint {event.get('checkpoint')}"
     if kind == "done":
-        return f"run done: test acc {event.get('test_acc'):.2f}%, best {event.get('best_acc'):.2f}%"
+        return f"run done: test acc {fmt(event.get('test_acc'), '%', 2)}, best {fmt(event.get('best_acc'), '%', 2)}"
     return None

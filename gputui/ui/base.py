@@ -20,6 +20,7 @@ from gputui.dashboard.training import TrainingState
 from gputui.errors import GputuiError
 from gputui.model.cloud import CloudEvent
 from gputui.model.telemetry import HostState
+from gputui.model.text import clean
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.events_panel import EventsLog
 from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled
@@ -64,7 +65,7 @@ class DashboardBase(App[None]):
     def say(self, text: str, severity: str = "information", notify: bool = False) -> None:
         self.log_event(text, severity)
         if notify:
-            self.notify(text, severity=severity)  # type: ignore[arg-type]
+            self.notify(clean(text), severity=severity, markup=False)  # type: ignore[arg-type]
 
     def get_slaves(self) -> "SlaveControl | None":
         """The slave control, built on first use (in a worker: it may load boto3)."""

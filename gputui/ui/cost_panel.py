@@ -12,6 +12,7 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist
 
 from gputui.dashboard.cost import CostFrame, SlaveLine, money
+from gputui.model.text import clean
 from gputui.ui.draw import bar, duration
 
 COLUMNS = ("id", "type", "zone", "state", "up", "$/h", "cost")
@@ -30,7 +31,7 @@ class CostSummary(Widget):
     def render(self) -> Text:
         f = self.frame
         if f is None:
-            return Text(self.note, self._style("cost--dim"))
+            return Text(clean(self.note), self._style("cost--dim"))
         width = max(20, self.size.width)
         projected = f.projected(self.eta_s)
         level = self._style(LEVEL_CLASS[f.budget.level])
@@ -40,7 +41,7 @@ class CostSummary(Widget):
             ("projected", Text(f"{money(projected)} at run end" if projected is not None else "n/a (no run)")),
             ("budget", Text.assemble((bar(min(1.0, f.budget.fraction), max(4, width - 24), fill="░"), level),
                                      (f" {f.budget.fraction:4.0%} of {money(f.budget.budget_usd, 2)}", level))),
-            ("", Text(self.note or f"{f.cluster} @ {f.provider} {f.region}",
+            ("", Text(clean(self.note or f"{f.cluster} @ {f.provider} {f.region}"),
                       self._style("cost--warn" if self.note else "cost--dim"))),
         ]
         lines = []
@@ -52,15 +53,17 @@ class CostSummary(Widget):
         return Text("\n").join(lines)
 
 
-def slave_cells(slave: SlaveLine, now: float, region: str, wide: bool) -> tuple[str, ...]:
+def slave_cells(slave: SlaveLine, now: float, region: str, wide: bool) -> tuple[Text, ...]:
+    """The row of one slave. Ids, types, zones and states come from the cloud: Text, never markup
+    (a DataTable reads a plain string as markup)."""
     zone = slave.zone if wide or not slave.zone.startswith(region) else slave.zone[len(region) - 1:]
     cells = (slave.instance_id + (" (orphan)" if slave.orphan else ""), slave.instance_type, zone, slave.state,
              duration(slave.uptime_s(now)), money(slave.usd_per_hour, 3)[1:] if slave.usd_per_hour is not None else "n/a",
              money(slave.cost_usd, 4))
-    return tuple(cell + " " for cell in cells)
+    return tuple(Text(clean(cell) + " ") for cell in cells)
 
 
-class SlavesTable(DataTable[str]):
+class SlavesTable(DataTable[Text]):
     """One row per slave, keyed by instance id; the cursor row is the selected slave."""
 
     def on_mount(self) -> None:

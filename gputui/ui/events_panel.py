@@ -5,6 +5,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import RichLog
 
+from gputui.model.text import clean
+
+MAX_LINE = 2000  # characters of one event (remote text); a longer one ends in an ellipsis
 SEVERITY_CLASS = {"information": "events--info", "warning": "events--warn", "error": "events--bad"}
 
 
@@ -16,6 +19,9 @@ class EventsLog(RichLog):
         self.lines_written: list[str] = []  # plain text of every line, for tests and the tmux check
 
     def add(self, stamp: str, text: str, severity: str = "information") -> None:
+        """One line: `text` may hold what a host, a slave or the cloud said, so it is shown as
+        plain text (never markup) without control characters."""
+        text = clean(text, MAX_LINE)
         line = Text(f"{stamp} ", self.get_component_rich_style("events--time", partial=True))
         line.append(text, self.get_component_rich_style(SEVERITY_CLASS[severity], partial=True))
         self.lines_written.append(text)

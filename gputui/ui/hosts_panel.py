@@ -2,7 +2,9 @@
 power and a utilisation sparkline. Draws a HostsFrame; never polls anything itself.
 
 A Line API widget (like Textual's Log): only the visible lines become strips, and each
-line is built from segments directly, so a refresh a second of 32 GPUs stays cheap.
+line is built from segments directly, so a refresh a second of 32 GPUs stays cheap. Names and
+messages come from remote hosts: they are cleaned of control characters (segments are never
+markup), and a line too long for the panel ends in an ellipsis.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from textual.strip import Strip
 
 from gputui.dashboard.hosts import HostsFrame
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, fmt
+from gputui.model.text import clean
 from gputui.ui.draw import bar, gib, sparkline
 
 FIXED_W = 32  # every column of a GPU row but the name, the two bars and the sparkline
@@ -25,7 +28,7 @@ Line = list[tuple[str, Style | None]]
 def short_name(name: str | None) -> str:
     if not name:
         return "n/a"
-    return name.replace("NVIDIA ", "").replace(" (simulated)", "")
+    return clean(name).replace("NVIDIA ", "").replace(" (simulated)", "")
 
 
 class HostsView(ScrollView, can_focus=True):
@@ -68,7 +71,7 @@ class HostsView(ScrollView, can_focus=True):
         width = max(20, self.scrollable_content_region.width)
         lines: list[Line] = []
         if self.frame is None:
-            lines.append([(self.error or "waiting for the first round of telemetry ...", self._style("hosts--dim"))])
+            lines.append([(clean(self.error or "waiting for the first round of telemetry ..."), self._style("hosts--dim"))])
         else:
             for host in self.frame.hosts:
                 lines.append(self._host_line(host))
@@ -76,7 +79,7 @@ class HostsView(ScrollView, can_focus=True):
             if not self.frame.hosts:
                 lines.append([("no hosts", self._style("hosts--dim"))])
             if self.error:
-                lines.append([(self.error, self._style("hosts--bad"))])
+                lines.append([(clean(self.error), self._style("hosts--bad"))])
         self._lines, self._strips, self._built_width = lines, {}, width
         self.virtual_size = Size(width, len(lines))
         self.refresh()
@@ -99,12 +102,12 @@ class HostsView(ScrollView, can_focus=True):
     def _host_line(self, host: HostSnapshot) -> Line:
         good = host.state.worked
         line: Line = [("● " if good else "✖ ", self._style("hosts--ok" if good else "hosts--bad")),
-                      (host.name, self._style("hosts--name"))]
+                      (clean(host.name), self._style("hosts--name"))]
         if host.state is HostState.OK:
             detail = f"  cpu {fmt(host.cpu_pct, '%')}  mem {gib(host.mem_used_mib)}/{gib(host.mem_total_mib)} GiB"
-            line.append((detail + (f"  {host.message}" if host.message else ""), self._style("hosts--dim")))
+            line.append((detail + (f"  {clean(host.message)}" if host.message else ""), self._style("hosts--dim")))
         else:
-            reason = f": {host.message}" if host.message else ""
+            reason = f": {clean(host.message)}" if host.message else ""
             line.append((f"  {host.state.value}{reason}", self._style("hosts--dim" if good else "hosts--bad")))
         return line
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
+from gputui.model.text import clean
 from gputui.ui.bindings import KEYS
 
 
@@ -53,7 +55,7 @@ class ChoiceScreen(ModalScreen[str]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, classes="question")
+            yield Static(Text(clean(self.question)), classes="question")  # names a cluster of the profile: data
             with Horizontal(classes="buttons"):
                 for choice_id, label, variant in self.choices:
                     yield Button(f"[u]{label[0]}[/u]{label[1:]}", id=choice_id, variant=variant)  # type: ignore[arg-type]
@@ -85,8 +87,8 @@ class ProfileScreen(ModalScreen[Path | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="profiles", classes="dialog"):
             yield Label("Choose a profile (Enter), Esc to cancel", classes="title")
-            yield OptionList(*[Option(f"{'● ' if p == self.current else '  '}{p.name}  ({p.parent})", id=str(p))
-                               for p in self.profiles])
+            yield OptionList(*[Option(Text(clean(f"{'● ' if p == self.current else '  '}{p.name}  ({p.parent})")), id=str(p))
+                               for p in self.profiles])  # file names are data: never markup
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gputui.model.text import clean
 from gputui.ui.draw import duration
 
 
@@ -43,7 +44,7 @@ class StatusBar(Widget):
         self.drawn_at = time.monotonic()
         style = self._style
         text = Text("gputui", style("status--name"))
-        text.append(f"  profile {self.profile}", style("status--dim"))
+        text.append(f"  profile {clean(self.profile)}", style("status--dim"))
         if self.mode:
             text.append(f"  {self.mode}", style("status--dim"))
         now = time.monotonic()

@@ -11,6 +11,7 @@ from textual.widget import Widget
 
 from gputui.dashboard.training import TrainingState
 from gputui.model.telemetry import fmt
+from gputui.model.text import clean
 from gputui.ui.chart import training_chart
 from gputui.ui.draw import bar, duration
 
@@ -30,9 +31,9 @@ class TrainingSummary(Widget):
         s = self.state
         if s.status == "idle":
             return Text.assemble(("no run yet", self._style("training--dim")),
-                                 f"\npress t to train ({self.profile}), r to resume the last run")
+                                 f"\npress t to train ({clean(self.profile)}), r to resume the last run")
         head = Text(f"● {s.status}", self._style("training--" + STATUS_CLASS.get(s.status, "dim")))
-        head.append(f"  {s.run_id or 'n/a'}  {s.model or 'n/a'} · {s.device or 'n/a'} · {s.strategy or 'n/a'}"
+        head.append(clean(f"  {s.run_id or 'n/a'}  {s.model or 'n/a'} · {s.device or 'n/a'} · {s.strategy or 'n/a'}")
                     + (f" x{s.world_size}" if s.world_size and s.world_size > 1 else ""))
         width = max(20, self.size.width)
         frac = s.fraction
@@ -44,7 +45,7 @@ class TrainingSummary(Widget):
         third = Text(f"loss {fmt(s.loss, '', 4)}  acc {fmt(s.test_acc, '%', 2)}  best {fmt(s.best_acc, '%', 2)}"
                      f"  {duration(s.elapsed_s)} trained")
         if s.status == "failed" and s.error:
-            third = Text(s.error, self._style("training--bad"))
+            third = Text(clean(s.error), self._style("training--bad"))
         lines = [head, progress, third]
         for line in lines:
             line.truncate(width, overflow="ellipsis")
