@@ -24,6 +24,7 @@ from rich.cells import cell_len
 from textual.widgets._toast import Toast
 
 from gputui.cli import main
+from gputui.commands.cloud_view import print_table, say
 from gputui.console import JsonView, ProgressView
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.cost import CostFrame, SlaveLine
@@ -286,6 +287,21 @@ def test_json_view_keeps_the_data_and_escapes_it(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert_inert(out)
     assert [json.loads(line) for line in out.splitlines()] == hostile_run()  # for machines: exact, escaped
+
+
+# -- gputui cloud and gputui cost ---------------------------------------------------------------
+
+def test_cloud_tables_and_lines_show_what_the_cloud_says_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    print_table(f"instances in {MARKUP}{CSI}", ["id", "zone"],
+                [[f"i-{MARKUP}{OSC52}", f"us-east-1a{CSI}\n"], ["[/]" + "W" * 60, "b"]], caption=f"note {OSC52}[/]")
+    say(f"launch refused ({EVIL})\nsecond line{CSI}")
+    out, err = capsys.readouterr()
+    assert_inert(out)
+    assert_inert(err)
+    assert f"instances in {MARKUP}" in out and "note [/]" in out
+    assert column(out, 1) == [f"i-{MARKUP}", "[/]" + "W" * 60] and column(out, 2) == ["us-east-1a", "b"]
+    assert len({cell_len(r) for r in table_rows(out)}) == 1, out
+    assert err == f"launch refused ({MARKUP}clickx   ) second line\n"  # one line
 
 
 # -- the dashboard ------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""How the cloud and cost commands show things: rich tables, JSON shapes, questions."""
+"""How the cloud and cost commands show things: rich tables, JSON shapes, questions.
+
+Ids, zones, states and messages come from the cloud's API: tables hold them as Text (never
+markup) and lines on stderr drop their control characters."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any, Iterable, Sequence
 
 from gputui.errors import UserError
 from gputui.model.cloud import CloudEvent, FleetEntry, InstanceInfo, LaunchAttempt, PriceQuote, SpendLine
+from gputui.model.text import clean
 
 
 def money(value: float | None, digits: int = 4) -> str:
@@ -25,13 +29,15 @@ def span(seconds: float) -> str:
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table = Table(title=Text(clean(title), style="table.title"), title_justify="left", caption_justify="left",
+                  caption=None if caption is None else Text(clean(caption), style="table.caption"))
     for column in columns:
         table.add_column(column, justify="right" if column.startswith(("$", "cost", "saving", "up")) else "left",
                          no_wrap=True)
     for row in rows:
-        table.add_row(*(str(cell) for cell in row))
+        table.add_row(*(Text(clean(str(cell))) for cell in row))
     # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
     Console(width=None if sys.stdout.isatty() else 250).print(table)
 
@@ -45,7 +51,7 @@ def json_line(value: Any) -> str:
 
 
 def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(clean(message, 4000), file=sys.stderr, flush=True)  # one line, whatever the cloud put in it
 
 
 def confirm(question: str, yes: bool, refusal: str) -> bool:
