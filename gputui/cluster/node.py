@@ -6,9 +6,10 @@ The master starts this over an SSH exec channel (or as a local subprocess for it
 node) and keeps the channel's stdin open. torchrun runs in its own process group; its
 output (stderr merged) is relayed line by line to stdout, where the master reads rank 0's
 events. When stdin reaches EOF (the master closed the channel, stopped, or died) or this
-process gets SIGTERM/SIGHUP, the whole group gets SIGTERM (workers checkpoint), then
-SIGKILL after a grace period (at once when the master writes `kill`): nothing is left
-running on the node. With
+process gets SIGTERM/SIGHUP, the whole tree (torchrun and its workers, which torchrun puts
+in sessions of their own: gputui.supervisor) gets SIGTERM (workers checkpoint), then SIGKILL
+after a grace period longer than torchrun's own (at once when the master writes `kill`):
+nothing is left running on the node. With
 `--spot-watcher`, gputui's spot-interruption watcher watches torchrun too.
 """
 
@@ -21,42 +22,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Sequence
 
+from gputui.supervisor import GRACE_S, Tree, become_subreaper
 from gputui.train.distributed import _die_with_parent
 
 NODE_TAG = "@@gputui-node "
-GRACE_S = 20.0  # torchrun's workers checkpoint on SIGTERM; then SIGKILL
 
 
-class Group:
-    """torchrun's process group, stopped at most once (SIGTERM, grace, SIGKILL)."""
-
-    def __init__(self, proc: "subprocess.Popen[bytes]") -> None:
-        self.proc = proc
-        self._lock = threading.Lock()
-        self.stopping = False
-
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        with self._lock:
-            if self.stopping:
-                return
-            self.stopping = True
-        self._signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._signal(signal.SIGKILL)
-
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _watch_stdin(group: Group, grace_s: float) -> None:
+def _watch_stdin(group: Tree, grace_s: float) -> None:
     """EOF on stdin: the master is gone or done with us; `kill` on stdin: stop without a grace
     period (the group has checkpointed already and only waits for peers that are gone)."""
     try:
@@ -80,12 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torchrun_args = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    become_subreaper()  # workers whose torchrun dies come back to this supervisor
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         preexec_fn=_die_with_parent,  # its own session; SIGTERM if this supervisor is killed
     )
-    group = Group(proc)
+    marker = torchrun_args[torchrun_args.index("--gputui-run-dir") + 1] if "--gputui-run-dir" in torchrun_args else None
+    group = Tree(proc, marker)  # torchrun and its workers, each in a session of its own
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: threading.Thread(target=group.stop, args=(args.grace,), daemon=True).start())
     threading.Thread(target=_watch_stdin, args=(group, args.grace), name="gputui-node-stdin", daemon=True).start()
@@ -108,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if watcher is not None and watcher.poll() is None:
         watcher.terminate()
         watcher.wait()
-    group._signal(signal.SIGKILL)  # stragglers of the group (none when torchrun cleaned up)
+    group.kill()  # stragglers of the tree (none when torchrun cleaned up)
     return code if code >= 0 else 128 - code
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from gputui.errors import GputuiError, UserError
 from gputui.runs import RunDir
+from gputui.supervisor import Tree, become_subreaper
 from gputui.train.rdzv import LOOPBACK, clean_env, serve_store
 
 LAUNCHER_LOG = "launcher.log"
@@ -78,6 +79,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
     log_path = run.path / LAUNCHER_LOG
     env = local_group_env(os.environ)
     store = serve_store(LOOPBACK, 0, timeout_s=600)
+    become_subreaper()  # workers whose torchrun dies come back to us, not to init
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             torchrun_command(run, nproc, resume, store.port),
@@ -88,24 +90,28 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             start_new_session=not sys.platform.startswith("linux"),
         )
+    tree = Tree(proc, marker=str(run.path))  # torchrun and its workers (each in a session of its own)
     signals = {"count": 0}
 
     def forward(signum: int, _frame: Any) -> None:
         signals["count"] += 1
-        sig = signal.SIGTERM if signals["count"] == 1 else signal.SIGKILL
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        if signals["count"] == 1:
+            tree.send(signal.SIGTERM)  # every rank checkpoints
+        else:
+            tree.kill()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     last: dict[str, Any] | None = None
     buffer = b""
+    looked = time.monotonic()
     try:
         with open(run.events, "ab+") as fh:
             fh.seek(offset)
             while True:
                 finished = proc.poll() is not None
+                if time.monotonic() - looked > 1.0:  # remember the workers while torchrun still shows them
+                    tree.refresh()
+                    looked = time.monotonic()
                 chunk = fh.read()
                 if chunk:
                     buffer += chunk
@@ -118,12 +124,13 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
                     break
                 else:
                     time.sleep(0.05)
+    except BaseException:  # e.g. stdout closed under us (`| head`): the run stops the one way, checkpointing
+        tree.stop()
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        tree.kill()  # nothing of the run outlives the command (a no-op once all have exited)
     kind = last.get("event") if last else None
     if kind in ("done", "interrupted"):
         return str(kind)

@@ -1,0 +1,125 @@
+"""One owner for the process tree a run starts, and one way to stop it.
+
+torchrun starts every worker in its own session, so a process-group kill of torchrun never
+reaches them: a SIGKILLed torchrun leaves its workers training on, parented to init. A
+`Tree` therefore tracks every process under its root (re-reading the tree as it goes), and
+on Linux this process becomes a child subreaper, so workers orphaned by a dying torchrun
+come back to it instead of to init and stay in reach. One stop policy for all of them:
+SIGTERM to every process of the tree, a grace longer than torchrun's own 30 s shutdown
+timeout, then SIGKILL of every process still there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's own SIGTERM -> SIGKILL wait for its workers
+GRACE_S = TORCHRUN_SHUTDOWN_S + 5.0
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper(on: bool = True) -> bool:
+    """Linux: orphaned descendants re-parent to this process, not init. Whether it took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
+class Tree:
+    """The processes of one child: the child, its descendants, and those seen under it
+    before (a worker whose torchrun died is still ours). Stopped at most once."""
+
+    def __init__(self, proc: "subprocess.Popen[bytes]", marker: str | None = None) -> None:
+        self.proc = proc
+        # Orphans re-parented to us (subreaper) are adopted when their command line names
+        # `marker` (the run directory): nothing else this process started is touched.
+        self.marker = marker if marker and become_subreaper() else None
+        self._known: dict[int, psutil.Process] = {}
+        self._lock = threading.Lock()
+        self.stopping = False
+        self.refresh()
+
+    def refresh(self) -> list[psutil.Process]:
+        """Every live process of the tree (also remembered for later)."""
+        found: list[psutil.Process] = []
+        roots = []
+        try:
+            roots.append(psutil.Process(self.proc.pid))
+        except psutil.NoSuchProcess:
+            pass
+        if self.marker:
+            for child in psutil.Process().children():
+                try:
+                    if child.pid != self.proc.pid and self.marker in " ".join(child.cmdline()):
+                        roots.append(child)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        for root in roots:
+            try:
+                found += [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        with self._lock:
+            for p in found:
+                self._known.setdefault(p.pid, p)
+            alive = [p for p in self._known.values() if _alive(p)]
+            self._known = {p.pid: p for p in alive}
+        return alive
+
+    def send(self, sig: int) -> None:
+        """`sig` to every live process of the tree, and to the root's process group."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in self.refresh():
+            try:
+                p.send_signal(sig)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+    def stop(self, grace_s: float = GRACE_S, first: int = signal.SIGTERM) -> None:
+        """SIGTERM (or `first`) to the whole tree, up to `grace_s` for it to end, then SIGKILL."""
+        with self._lock:
+            if self.stopping:
+                return
+            self.stopping = True
+        self.send(first)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not self.refresh():
+                break
+            time.sleep(0.05)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every process of the tree now, and reap the root and adopted orphans."""
+        members = self.refresh()
+        self.send(signal.SIGKILL)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL always ends it
+            pass
+        for p in members:
+            try:
+                p.wait(0.5)  # an orphan re-parented to us is our child now: reap it
+            except (psutil.NoSuchProcess, psutil.TimeoutExpired, ChildProcessError):
+                pass
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,131 @@
+"""One supervisor owns a run's process tree: processes in sessions of their own (torchrun's
+workers) and orphans of a dead parent are stopped too, and nothing of a DDP run outlives
+`gputui run`, whichever way the command ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from gputui.supervisor import Tree, become_subreaper
+
+from .cluster_fixture import wait_no_leftovers
+from .conftest import cli_env
+from .proc_support import Child, wait_until
+
+# A parent that starts a child in a session of its own (as torchrun does), says its pid, then
+# waits (or, with "orphan", exits at once leaving the child behind).
+SPAWN = r"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]], start_new_session=True)
+print(child.pid, flush=True)
+if sys.argv[2] == "orphan":
+    sys.exit(0)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(autouse=True)
+def not_a_subreaper_afterwards() -> Iterator[None]:
+    """A Tree made here turns pytest into a subreaper: undo it, so later tests' orphans go to init."""
+    yield
+    become_subreaper(False)
+
+
+def gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def spawn(tmp_path: Path, mode: str) -> tuple["subprocess.Popen[bytes]", psutil.Process]:
+    marker = str(tmp_path / f"run-{mode}")
+    proc = subprocess.Popen([sys.executable, "-c", SPAWN, marker, mode], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # bounded by pytest-timeout; the child prints at once
+    return proc, psutil.Process(int(line))
+
+
+def test_a_process_in_its_own_session_is_stopped_with_its_parent(tmp_path: Path) -> None:
+    proc, grandchild = spawn(tmp_path, "wait")
+    tree = Tree(proc)
+    assert grandchild.pid in [p.pid for p in tree.refresh()]
+    tree.stop(grace_s=10)
+    assert proc.poll() is not None
+    wait_until(lambda: gone(grandchild), 10, "the grandchild in its own session to end")
+
+
+def test_an_orphan_seen_before_is_stopped_after_its_parent_died(tmp_path: Path) -> None:
+    proc, grandchild = spawn(tmp_path, "wait")
+    tree = Tree(proc, marker=str(tmp_path / "run-wait"))
+    tree.refresh()  # seen while its parent lives
+    os.kill(proc.pid, signal.SIGKILL)  # the parent dies without stopping it (torchrun SIGKILLed)
+    proc.wait(10)
+    assert grandchild.is_running()
+    tree.stop(grace_s=10)
+    wait_until(lambda: gone(grandchild), 10, "the orphan to end")
+
+
+def test_an_orphan_never_seen_is_adopted_by_its_run_marker(tmp_path: Path) -> None:
+    # The subreaper: the orphan re-parents to this process, and its command line names the run.
+    become_subreaper()  # as gputui does before it starts torchrun
+    proc, grandchild = spawn(tmp_path, "orphan")
+    proc.wait(10)
+    tree = Tree(proc, marker=str(tmp_path / "run-orphan"))
+    try:
+        wait_until(lambda: grandchild.ppid() == os.getpid(), 10, "the orphan to re-parent to this process")
+        assert grandchild.pid in [p.pid for p in tree.refresh()]
+    finally:
+        tree.stop(grace_s=10)
+    wait_until(lambda: gone(grandchild), 10, "the adopted orphan to end")
+
+
+def ddp_run(data: Path, run_dir: Path) -> Child:
+    return Child([sys.executable, "-m", "gputui", "run", "--json", "--strategy", "ddp", "--nproc", "2", "--data",
+                  str(data), "--epochs", "50", "--batch-size", "32", "--device", "cpu", "--threads", "1",
+                  "--run-dir", str(run_dir)], env=cli_env(), name="ddp run")
+
+
+def test_a_ddp_run_whose_output_is_closed_leaves_nothing_behind(medium_data: Path, tmp_path: Path) -> None:
+    """`gputui run --json ... | head -c 10`: the command ends, and so do torchrun and its workers."""
+    import select
+    import time
+
+    run_dir = tmp_path / "piped"
+    proc = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--json", "--strategy", "ddp", "--nproc", "2",
+                             "--data", str(medium_data), "--epochs", "50", "--batch-size", "32", "--device", "cpu",
+                             "--threads", "1", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        seen, deadline = b"", time.monotonic() + 240
+        while b'"event": "start"' not in seen and b'"event":"start"' not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, f"no start event: {seen[-500:]!r}"
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                seen += os.read(proc.stdout.fileno(), 65536)
+        proc.stdout.close()  # the reader goes away: the next event write breaks the pipe
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert wait_no_leftovers(str(run_dir), timeout=60) == []
+
+
+def test_a_ddp_run_whose_command_is_killed_leaves_nothing_behind(medium_data: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "killed"
+    with ddp_run(medium_data, run_dir) as run:
+        run.wait_for(lambda e: e["event"] == "start", 240, "the start event")
+        run.proc.send_signal(signal.SIGKILL)
+        run.proc.wait(30)
+    # torchrun gets SIGTERM when its parent dies and stops its workers within its own timeout.
+    assert wait_no_leftovers(str(run_dir), timeout=90) == []
