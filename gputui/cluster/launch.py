@@ -36,11 +36,13 @@ from gputui.cluster.worker import EVENT_TAG
 from gputui.console import JsonView, View
 from gputui.errors import GputuiError, UserError
 from gputui.hosts import HostSpec
+from gputui.model.text import clean, clean_tree
 from gputui.paths import bundled_mnist
 from gputui.profiles import RunConfig
+from gputui.supervisor import GRACE_S
 
 CLOUD_SSH_WAIT_S = 300.0
-STOP_GRACE_S = 20.0
+STOP_GRACE_S = GRACE_S  # longer than torchrun's own shutdown timeout
 EXIT_GRACE_S = 5.0  # after the group finished or stopped, how long the other nodes get to exit by themselves
 
 
@@ -71,7 +73,7 @@ class ClusterRun:
         self.run, self.settings, self.view = run, settings, view
         self.cfg = replace(cfg, strategy="ddp", nproc=settings.nproc_per_node)
         self.manager = manager
-        self.say = say or ((lambda m: None) if isinstance(view, JsonView) else (lambda m: print(m, file=sys.stderr)))
+        self.say = say or ((lambda m: None) if isinstance(view, JsonView) else (lambda m: print(clean(m, 2000), file=sys.stderr)))
         self.items: "queue.Queue[Item]" = queue.Queue()
         self.nodes: list[Node] = []
         self.started_ids: list[str] = []  # cloud slaves this run launched
@@ -289,10 +291,11 @@ class ClusterRun:
     def _line(self, node: Node, text: str) -> None:
         if text.startswith(EVENT_TAG):
             try:
-                event = json.loads(text[len(EVENT_TAG):])
+                event = clean_tree(json.loads(text[len(EVENT_TAG):]))  # a slave's words are data
             except json.JSONDecodeError:
                 return
-            self._relay(event)
+            if isinstance(event, dict):
+                self._relay(event)
         elif not text.startswith(NODE_TAG):
             if node.proc is not None:
                 node.proc.tail.append(text)
