@@ -131,6 +131,21 @@ class Child:
             if predicate(line):
                 return line
 
+    def rest(self, timeout: float, what: str = "the end of its output") -> list[str]:
+        """Read stdout to its end; the lines this call read (without newlines). Fails at `timeout` s."""
+        deadline = time.monotonic() + timeout
+        taken = len(self.lines)
+        while self._next(deadline, what) is not None:
+            pass
+        return [line.rstrip("\n") for line in self.lines[taken:]]
+
+    def stderr_rest(self, timeout: float) -> list[str]:
+        """Wait for stderr to end; all its lines (without newlines). Fails at `timeout` s."""
+        self._threads[1].join(timeout)
+        if self._threads[1].is_alive():
+            raise AssertionError(f"timed out after {timeout:g} s waiting for the end of stderr; {self._seen()}")
+        return [line.rstrip("\n") for line in self._stderr if isinstance(line, str)]
+
     def finish(self, timeout: float, what: str = "the end of the run") -> int:
         """Read the rest of the output and wait for the exit; the exit code. Fails at `timeout` s."""
         deadline = time.monotonic() + timeout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,28 +16,22 @@ from gputui.cloud.ledger import Ledger
 
 from .cluster_fixture import wait_no_leftovers
 from .conftest import cli_env, json_lines, run_cli
-from .event_stream import EventStream, LineStream, stop
+from .proc_support import Child
 
 STEPS_PER_EPOCH = 8  # small_data: 512 images at batch 64
 
 
 def test_ctrl_c_checkpoints_exits_0_and_the_printed_run_id_resumes_it(small_data: Path, tmp_path: Path,
                                                                      gputui_home: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
-                             "--batch-size", "64", "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        err = LineStream(proc.stderr)
-        events = EventStream(proc.stdout, companion=err)
-        start = events.wait_event("start", 120)
-        events.wait_event("epoch", 120)  # a checkpoint is on disk; Ctrl-C now stops the loop
-        proc.send_signal(signal.SIGINT)
-        rest = [json.loads(line) for line in events.rest(120)]
-        said = err.rest(60)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        stop(proc)
+    with Child([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
+                "--batch-size", "64", "--threads", "1"], env=cli_env(), name="gputui run") as run:
+        start = run.wait_for(lambda e: e["event"] == "start", 120, "the 'start' event")
+        # After an epoch a checkpoint is on disk; Ctrl-C now stops the loop.
+        run.wait_for(lambda e: e["event"] == "epoch", 120, "an 'epoch' event")
+        run.proc.send_signal(signal.SIGINT)
+        rest = [json.loads(line) for line in run.rest(120, "the end of the output after SIGINT")]
+        said = run.stderr_rest(60)
+        assert run.proc.wait(timeout=60) == 0
     stopped = rest[-1]
     assert stopped["event"] == "interrupted" and stopped["reason"] == "SIGINT", rest
     assert all(e["event"] in ("step", "epoch", "eval") for e in rest[:-1])  # no "done": it stopped early
@@ -63,24 +56,17 @@ def test_ctrl_c_checkpoints_exits_0_and_the_printed_run_id_resumes_it(small_data
 def test_a_ddp_worker_that_dies_fails_the_run_with_exit_1_and_one_line(small_data: Path, tmp_path: Path) -> None:
     """Not the user's input: a training process is killed (as the OOM killer would) mid-run."""
     run_dir = tmp_path / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
-                             "--batch-size", "64", "--strategy", "ddp", "--nproc", "2", "--device", "cpu",
-                             "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        err = LineStream(proc.stderr)
-        events = EventStream(proc.stdout, companion=err)
-        events.wait_event("epoch", 180)
-        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+    with Child([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
+                "--batch-size", "64", "--strategy", "ddp", "--nproc", "2", "--device", "cpu", "--run-dir", str(run_dir)],
+               env=cli_env(), name="gputui run --strategy ddp") as run:
+        run.wait_for(lambda e: e["event"] == "epoch", 180, "an 'epoch' event")
+        workers = [p for p in psutil.Process(run.proc.pid).children(recursive=True)
                    if "gputui.train.distributed" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())]
         assert len(workers) == 2, [w.cmdline() for w in workers]
         workers[-1].kill()
-        kinds = [json.loads(line)["event"] for line in events.rest(120)]
-        said = err.rest(60)
-        assert proc.wait(timeout=60) == 1
-    finally:
-        stop(proc)
+        kinds = [json.loads(line)["event"] for line in run.rest(120, "the end of the output after a worker died")]
+        said = run.stderr_rest(60)
+        assert run.proc.wait(timeout=60) == 1
     assert "done" not in kinds and "interrupted" not in kinds
     assert len(said) == 1 and said[0].startswith("gputui: error: ddp workers failed (torchrun exit "), said
     assert said[0].endswith(f"see {run_dir / 'launcher.log'}")

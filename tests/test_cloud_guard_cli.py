@@ -18,8 +18,8 @@ from gputui.cloud.ledger import Ledger
 from gputui.model.cloud import InstanceInfo
 
 from .conftest import cli_env, run_cli
-from .event_stream import LineStream, stop
 from .moto_fixture import DEAD_PROXY, DUMMY_KEY_ID, DUMMY_SECRET, public_key_line
+from .proc_support import Child
 
 def write_profile(path: Path, budget: float) -> Path:
     path.write_text('[cloud]\nzones = ["us-east-1a", "us-east-1b"]\npublic_key = "id.pub"\n'
@@ -27,11 +27,11 @@ def write_profile(path: Path, budget: float) -> Path:
     return path
 
 
-def guard(profile: Path, interval: float, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gputui", "cloud", "guard", "--json", "--interval", repr(interval),
-                             "--profile", str(profile), *extra],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env())
+def guard(profile: Path, interval: float, *extra: str) -> Child:
+    """The guard, headless (stdin not a terminal); its stdout lines are JSON with a "kind", not an "event"."""
+    return Child([sys.executable, "-m", "gputui", "cloud", "guard", "--json", "--interval", repr(interval),
+                  "--profile", str(profile), *extra],
+                 env=cli_env(), name="gputui cloud guard", json_lines=False, stdin=subprocess.DEVNULL)
 
 
 def test_ctrl_c_leaves_the_slaves_lists_them_and_exits_1_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,20 +47,14 @@ def test_ctrl_c_leaves_the_slaves_lists_them_and_exits_1_headless(tmp_path: Path
     # next 600 s interval), so the guard warns at once: an event to wait for.
     interval = 600.0
     write_profile(profile, round(slave.hourly_price * interval / 3600 / 0.9, 6))
-    proc = guard(profile, interval)
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        err = LineStream(proc.stderr)
-        out = LineStream(proc.stdout, companion=err)
-        warning = json.loads(out.wait_for(lambda line: json.loads(line)["kind"] == "budget_warning", 120,
-                                          "the budget warning of the first poll"))
+    with guard(profile, interval) as child:
+        warning = json.loads(child.wait_for_line(lambda line: json.loads(line)["kind"] == "budget_warning", 120,
+                                                 "the budget warning of the first poll"))
         assert re.match(r"(8\d|9\d)% of the \$0\.\d\d budget spent or committed", warning["message"]), warning
-        proc.send_signal(signal.SIGINT)  # the guard now waits 600 s for its next poll
-        assert out.rest(60) == []
-        said = err.rest(60)
-        assert proc.wait(timeout=60) == 1
-    finally:
-        stop(proc)
+        child.proc.send_signal(signal.SIGINT)  # the guard now waits 600 s for its next poll
+        assert child.rest(60, "the end of the output after SIGINT") == []
+        said = child.stderr_rest(60)
+        assert child.proc.wait(timeout=60) == 1
     assert said[0].startswith("guarding cluster demo every 600 s") and "interrupted" in said, said
     assert said[-1].startswith("still running: 1 cloud instance(s) running") and slave.instance_id in said[-1], said
     assert said[-1].endswith("; stop them with `gputui cloud down --all --yes`"), said
@@ -79,22 +73,16 @@ def test_a_failed_poll_is_said_and_the_guard_goes_on(tmp_path: Path, monkeypatch
     info = InstanceInfo("i-0123456789abcdef0", "g4dn.xlarge", "us-east-1a", "running", "spot", time.time(), "203.0.113.9")
     with Ledger() as ledger:  # a slave the records say runs (launched earlier, when AWS answered)
         ledger.record_launch(info, "ec2", "us-east-1", "lab", "me", 0.2)
-    proc = guard(profile, 0.2)
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        err = LineStream(proc.stderr)
-        out = LineStream(proc.stdout, companion=err)
+    with guard(profile, 0.2) as child:
         failures = []
         for _ in range(3):
-            line = json.loads(out.wait_for(lambda text: json.loads(text)["kind"] == "error", 120, "a failed poll"))
+            line = json.loads(child.wait_for_line(lambda text: json.loads(text)["kind"] == "error", 120, "a failed poll"))
             failures.append(line)
-        assert proc.poll() is None  # still guarding
-        proc.send_signal(signal.SIGINT)
-        out.rest(60)
-        said = err.rest(60)
-        assert proc.wait(timeout=60) == 1  # headless, the slave still on record: exit 1
-    finally:
-        stop(proc)
+        assert child.proc.poll() is None  # still guarding
+        child.proc.send_signal(signal.SIGINT)
+        child.rest(60, "the end of the output after SIGINT")
+        said = child.stderr_rest(60)
+        assert child.proc.wait(timeout=60) == 1  # headless, the slave still on record: exit 1
     for failure in failures:
         assert failure["message"].startswith("poll failed: cannot reach AWS for ec2:"), failure
         assert failure["cluster"] == "lab" and "\n" not in failure["message"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,8 +19,8 @@ from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust,
 )
 from .conftest import cli_env, run_cli
-from .event_stream import LineStream, stop
 from .moto_fixture import public_key_line
+from .proc_support import Child
 
 
 @pytest.fixture
@@ -101,21 +100,15 @@ def test_idle_without_a_cloud_table_has_nothing_to_stop(tmp_path: Path) -> None:
 
 def test_idle_watch_checks_until_ctrl_c_and_then_exits_0(sim_cluster: Path) -> None:
     cloud_up(sim_cluster, 1)
-    proc = subprocess.Popen([sys.executable, "-m", "gputui", "cluster", "idle", "--watch", "--json", "--interval", "600",
-                             "--profile", str(sim_cluster)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env())
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        err = LineStream(proc.stderr)
-        out = LineStream(proc.stdout, companion=err)
-        first = json.loads(out.wait_for(lambda line: True, 120, "the first check's line"))
+    with Child([sys.executable, "-m", "gputui", "cluster", "idle", "--watch", "--json", "--interval", "600",
+                "--profile", str(sim_cluster)], env=cli_env(), name="gputui cluster idle --watch",
+               json_lines=False) as watch:  # its lines are JSON checks, not events
+        first = json.loads(watch.wait_for_line(lambda line: True, 120, "the first check's line"))
         assert first["up"] == 1 and first["terminated"] == []  # first look: its idle clock starts now
-        proc.send_signal(signal.SIGINT)  # it now waits 600 s for the next check
-        assert out.rest(60) == []
-        said = err.rest(60)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        stop(proc)
+        watch.proc.send_signal(signal.SIGINT)  # it now waits 600 s for the next check
+        assert watch.rest(60, "the end of the output after SIGINT") == []
+        said = watch.stderr_rest(60)
+        assert watch.proc.wait(timeout=60) == 0
     assert said[-1] == "cluster lab: idle watch stopped", said
     assert not any("Traceback" in line or "interrupted twice" in line for line in said), said
 

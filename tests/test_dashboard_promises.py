@@ -41,6 +41,14 @@ def energy_profile(tmp_path: Path) -> Path:
     return profile
 
 
+def metered_app(tmp_path: Path, gputui_home: Path) -> tuple[Clock, float, Any, Ledger]:
+    """The dashboard over LocalGpus with kwh_price set: its clock, that clock's start, the app, its ledger."""
+    clock = Clock()
+    start = clock.now
+    app = create_app(make_backend(energy_profile(tmp_path), source=LocalGpus(clock), clock=clock))
+    return clock, start, app, Ledger(gputui_home / "ledger.sqlite3")
+
+
 async def advance(app: Any, pilot: Any, clock: Clock, seconds: float) -> None:
     """Move the clock, then let two polls run: the second read the new time from start to end."""
     clock.now += seconds
@@ -49,10 +57,7 @@ async def advance(app: Any, pilot: Any, clock: Clock, seconds: float) -> None:
 
 
 def test_kwh_price_meters_local_gpu_energy_every_minute(tmp_path: Path, gputui_home: Path) -> None:
-    clock = Clock()
-    start = clock.now
-    app = create_app(make_backend(energy_profile(tmp_path), source=LocalGpus(clock), clock=clock))
-    ledger = Ledger(gputui_home / "ledger.sqlite3")
+    clock, start, app, ledger = metered_app(tmp_path, gputui_home)
 
     async def scenario(pilot: Any) -> None:
         await wait_for(pilot, lambda: app.hosts_polls >= 1, what="the first poll")
@@ -72,10 +77,7 @@ def test_kwh_price_meters_local_gpu_energy_every_minute(tmp_path: Path, gputui_h
 
 
 def test_kwh_price_energy_since_the_last_flush_is_written_on_exit(tmp_path: Path, gputui_home: Path) -> None:
-    clock = Clock()
-    start = clock.now
-    app = create_app(make_backend(energy_profile(tmp_path), source=LocalGpus(clock), clock=clock))
-    ledger = Ledger(gputui_home / "ledger.sqlite3")
+    clock, start, app, ledger = metered_app(tmp_path, gputui_home)
 
     async def scenario(pilot: Any) -> None:
         await wait_for(pilot, lambda: app.hosts_polls >= 1, what="the first poll")

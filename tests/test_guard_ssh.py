@@ -9,7 +9,6 @@ host keys from gputui's known_hosts under GPUTUI_HOME, strict checking.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ from gputui.model.cloud import InstanceInfo, InstanceRecord
 from gputui.profiles import parse_profile
 
 from .cluster_fixture import PYTHON_DIR, ClusterNodes, cluster_nodes, trust  # noqa: F401 - fixture
-from .event_stream import EventStream, stop
+from .proc_support import Child
 from .sshd_fixture import Sshd
 from .test_cloud_budget import Clock
 
@@ -82,36 +81,32 @@ def node_data_home(node: Sshd) -> Path:
 
 @pytest.fixture
 def slave_run(cluster_nodes: ClusterNodes, small_data: Path, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Sshd, subprocess.Popen[str], EventStream, Path]]:
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Sshd, Child, Path]]:
     """A node, and a real training run on it registered with the node's watcher (after its first checkpoint)."""
     node = cluster_nodes.node(0)
     run_dir = tmp_path / "slave-run"
-    proc = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
-                             "--batch-size", "64", "--threads", "1", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GPUTUI_HOME": str(tmp_path / "slave-home")})
-    assert proc.stdout is not None
-    events = EventStream(proc.stdout)
-    try:
-        events.wait_event("epoch", 120)  # a checkpoint exists and its signal handlers are in place
+    with Child([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
+                "--batch-size", "64", "--threads", "1", "--run-dir", str(run_dir)],
+               env={**os.environ, "GPUTUI_HOME": str(tmp_path / "slave-home")}, name="gputui run on the slave") as run:
+        # After an epoch a checkpoint exists and its signal handlers are in place.
+        run.wait_for(lambda e: e["event"] == "epoch", 120, "an 'epoch' event")
         with monkeypatch.context() as mp:
             mp.setenv("GPUTUI_HOME", str(node_data_home(node)))
-            entry = watcher.register(proc.pid)
-        yield node, proc, events, entry
-    finally:
-        stop(proc)
+            entry = watcher.register(run.proc.pid)
+        yield node, run, entry
 
 
 def test_the_guard_checkpoints_a_real_run_over_ssh_with_the_profiles_key(
-    slave_run: tuple[Sshd, subprocess.Popen[str], EventStream, Path], lab_key: Path, home: Path, tmp_path: Path
+    slave_run: tuple[Sshd, Child, Path], lab_key: Path, home: Path, tmp_path: Path
 ) -> None:
-    node, proc, events, _entry = slave_run
+    node, run, _entry = slave_run
     trust(home, node)
     guard, ctx, instance = guard_on(node, lab_key, tmp_path)
     raised = guard.check()
     assert len(raised) == 1, [e.message for e in raised]
-    stopped = events.wait_event("interrupted", 60)  # the remote watcher SIGTERMed it: it checkpointed
-    assert proc.wait(timeout=60) == 0
+    # The remote watcher SIGTERMed it: it checkpointed.
+    stopped = run.wait_for(lambda e: e["event"] == "interrupted", 60, "an 'interrupted' event")
+    assert run.proc.wait(timeout=60) == 0
     assert stopped["reason"] == "SIGTERM" and Path(stopped["checkpoint"]).is_file()
     messages = [e.message for e in raised]
     assert len(messages) == 1 and "checkpointing runs, terminating 1 slave(s)" in messages[0], messages
@@ -120,9 +115,9 @@ def test_the_guard_checkpoints_a_real_run_over_ssh_with_the_profiles_key(
 
 
 def test_an_unknown_host_key_fails_the_checkpoint_and_the_guard_says_so(
-    slave_run: tuple[Sshd, subprocess.Popen[str], EventStream, Path], lab_key: Path, home: Path, tmp_path: Path
+    slave_run: tuple[Sshd, Child, Path], lab_key: Path, home: Path, tmp_path: Path
 ) -> None:
-    node, proc, events, _entry = slave_run
+    node, run, _entry = slave_run
     guard, ctx, instance = guard_on(node, lab_key, tmp_path)  # the node's host key is trusted nowhere
     guard.check()
     kinds = [(e.kind, e.message) for e in ctx.ledger.events()]
@@ -138,8 +133,8 @@ def test_an_unknown_host_key_fails_the_checkpoint_and_the_guard_says_so(
     # Nothing reached the slave's run: two more epochs end with no stop (a SIGTERM sent before
     # check() returned would have stopped it at its next step).
     for _ in range(2):
-        line = events.wait_for(lambda text: json.loads(text)["event"] in ("epoch", "interrupted"), 60, "an epoch")
-        assert json.loads(line)["event"] == "epoch", line
+        event = run.wait_for(lambda e: e["event"] in ("epoch", "interrupted"), 60, "an epoch")
+        assert event["event"] == "epoch", event
     assert not (home / "known_hosts").exists()  # the unknown key was not recorded either
 
 
