@@ -108,7 +108,8 @@ def test_sim_is_safe_to_share_between_threads(tmp_path: Path) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread still works on the sim after 60 s"
     assert not errors
     assert len({i.instance_id for i in sim.list_tagged({})}) == 60
     assert len(SimProvider(state_path=tmp_path / "sim.json").list_tagged({})) == 60  # persisted whole
