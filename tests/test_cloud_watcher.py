@@ -111,10 +111,8 @@ def test_watcher_sigterms_the_training_process_on_a_notice(tmp_path: Path, imds:
             assert time.monotonic() < deadline and watch.poll() is None
             time.sleep(0.05)
         assert child.poll() is None and not marker.exists()
-        noticed = time.monotonic()
         imds.notice = {"action": "terminate", "time": "2026-11-21T17:02:00Z"}
         assert child.wait(timeout=30) == 0  # it checkpointed and stopped cleanly
-        reacted = time.monotonic() - noticed
         assert marker.read_text() == "checkpoint written"
         assert watch.wait(timeout=30) == 0
         _out, err = watch.communicate()
@@ -123,7 +121,8 @@ def test_watcher_sigterms_the_training_process_on_a_notice(tmp_path: Path, imds:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert reacted < 5.0  # within a poll or two, far inside the two-minute warning
+    # It acted on the first poll that saw the notice (one 200), far inside the two-minute warning.
+    assert imds.outcomes("GET").count("200") == 1
     assert "spot interruption notice" in err and str(child.pid) in err
     assert "200" in imds.outcomes("GET") and "401" not in imds.outcomes("GET")
     assert not any(watcher.registry().glob("*"))  # it deregistered itself
