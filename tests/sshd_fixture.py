@@ -113,24 +113,25 @@ class Sshd:
             time.sleep(0.01)
 
     def stop(self) -> None:
-        """Kill every connection the listener forked (they outlive it otherwise), then it."""
+        """The host goes away for good: the listener first (so nothing can connect again while
+        the rest goes), then every connection it forked (they outlive it otherwise)."""
         if self.process is not None and self.process.poll() is None:
             try:
                 children = psutil.Process(self.process.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 children = []
-            for child in children:
-                try:
-                    child.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(children, timeout=2)  # the listener, still alive, reaps them
             self.process.terminate()
             try:
                 self.process.wait(5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+            for child in children:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(children, timeout=2)
         self.process = None
 
 
