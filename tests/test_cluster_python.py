@@ -19,9 +19,8 @@ from gputui.cluster.wheel import given_wheel
 from gputui.hosts import HostSpec
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
-    ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust, wait_no_leftovers,
+    ClusterNodes, cluster_nodes, cluster_wheel, trust,
 )
-from .conftest import json_lines, run_cli
 
 
 def test_site_pth_is_one_line_that_site_can_run(tmp_path: Path) -> None:
@@ -64,21 +63,19 @@ def test_slaves_run_the_interpreter_under_test_and_import_its_torch(
     assert gputui_file.startswith(f"{ready.base}/venv/"), gputui_file
 
 
-def test_an_interpreter_named_by_absolute_path_trains(
-    cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, tmp_path: Path, gputui_home: Path,
+def test_an_interpreter_named_by_absolute_path_is_the_one_used(
+    cluster_nodes: ClusterNodes, cluster_wheel: Path, small_data: Path, gputui_home: Path,
 ) -> None:
     node = cluster_nodes.node(1, path="/usr/local/bin:/usr/bin:/bin")  # its python3 has no torch
     trust(gputui_home, node)
-    profile = cluster_profile(tmp_path / "c.toml", [node], cluster_nodes.user_key, {"threads": 1},
-                              python=sys.executable)
-    run_dir = tmp_path / "abs"
-    result = run_cli("run", "--json", "--profile", str(profile), "--data", str(small_data), "--epochs", "1",
-                     "--batch-size", "64", "--device", "cpu", "--run-dir", str(run_dir), timeout=240)
-    assert result.returncode == 0, result.stderr
-    events = json_lines(result.stdout)
-    boot = next(e for e in events if e["event"] == "node")
-    assert boot["python"] == sys.executable and not boot["skipped"]
-    cluster = next(e for e in events if e["event"] == "cluster")
-    assert cluster["nodes"] == ["master", "n0"] and cluster["world_size"] == 2
-    assert events[-1]["event"] == "done"
-    assert wait_no_leftovers(str(run_dir)) == []
+    spec = HostSpec("n1", node.address, node.port, "root", cluster_nodes.user_key)
+    boot = Bootstrapper("~/.gputui-cluster", sys.executable, given_wheel(cluster_wheel), local_dataset(small_data))
+    conn = SlaveConnection(spec).open_or_raise()
+    try:
+        ready = boot.bootstrap(conn)
+        out = conn.check(f"cd {shlex.quote(ready.base)} && {shlex.quote(ready.venv_python)} -c "
+                         + shlex.quote("import torch; print(torch.__file__)"))
+    finally:
+        conn.close()
+    assert ready.python == sys.executable and not ready.skipped
+    assert out.strip().splitlines()[-1].startswith(tuple(site.getsitepackages()))
