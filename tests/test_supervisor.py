@@ -22,14 +22,14 @@ from .proc_support import Child, wait_until
 from .test_run_network import SECRETS, assert_loopback_only, environments, listening, run_processes
 
 # A parent that starts a child in a session of its own (as torchrun does), says its pid, then
-# waits (or, with "orphan", exits at once leaving the child behind).
+# waits for a signal (or, with "orphan", exits at once leaving the child behind).
 SPAWN = r"""
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]], start_new_session=True)
+import signal, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", sys.argv[1]], start_new_session=True)
 print(child.pid, flush=True)
 if sys.argv[2] == "orphan":
     sys.exit(0)
-time.sleep(600)
+signal.pause()  # until a signal ends it
 """
 
 
