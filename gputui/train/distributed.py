@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from gputui.errors import GputuiError, UserError
 from gputui.runs import RunDir
 from gputui.supervisor import Tree, become_subreaper
-from gputui.train.rdzv import LOOPBACK, clean_env, serve_store
+from gputui.train.rdzv import LOOPBACK, clean_env, release, serve_store
 
 LAUNCHER_LOG = "launcher.log"
 
@@ -131,6 +131,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
         for s, handler in previous.items():
             signal.signal(s, handler)
         tree.kill()  # nothing of the run outlives the command (a no-op once all have exited)
+        release(store)
     kind = last.get("event") if last else None
     if kind in ("done", "interrupted"):
         return str(kind)

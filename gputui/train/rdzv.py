@@ -17,8 +17,9 @@ from datetime import timedelta
 from typing import Any, Mapping
 
 LOOPBACK = "127.0.0.1"
-# Sockets handed to a TCPStore must outlive it: the store does not own them.
-_KEEP: list[socket.socket] = []
+# Sockets handed to a TCPStore must outlive it (the store does not own them): kept here,
+# by the store's id, until `release`.
+_KEEP: dict[int, socket.socket] = {}
 
 # Names that carry credentials: cloud keys, tokens, passwords, the SSH agent.
 _SECRET = re.compile(r"^(AWS_|AZURE_|GOOGLE_APPLICATION_CREDENTIALS$|SSH_AUTH_SOCK$)|"
@@ -56,8 +57,15 @@ def serve_store(host: str, port: int, timeout_s: float, world_size: int | None =
     except BaseException:
         sock.close()
         raise
-    _KEEP.append(sock)
+    _KEEP[id(store)] = sock
     return store
+
+
+def release(store: Any) -> None:
+    """Stop listening for a store that `serve_store` made (its run is over)."""
+    sock = _KEEP.pop(id(store), None)
+    if sock is not None:
+        sock.close()
 
 
 def worker_store(rank: int, world_size: int, timeout_s: float = 600.0) -> Any:
