@@ -112,3 +112,17 @@ def cli(*args: str, timeout: float = 60, **popen: Any) -> Any:
 
     return subprocess.run([sys.executable, "-m", "gputui", *args], capture_output=True, text=True,
                           timeout=timeout, env=cli_env(), stdin=subprocess.DEVNULL, **popen)
+
+
+def sim_cloud_profile(tmp_path: Path, monkeypatch: Any, name: str, budget: float, launch_delay: str,
+                      extra: str = "") -> Path:
+    """A profile whose [cloud] runs on the simulated cloud (GPUTUI_CLOUD=sim), with `extra` tables after it."""
+    monkeypatch.setenv("GPUTUI_CLOUD", "sim")
+    monkeypatch.setenv("GPUTUI_SIM_LAUNCH_DELAY", launch_delay)
+    monkeypatch.setenv("GPUTUI_PUBLIC_IP_URL", "http://127.0.0.1:9/")
+    (tmp_path / "id.pub").write_text(public_key_line() + "\n")
+    profile = tmp_path / f"{name}.toml"
+    profile.write_text('[cloud]\nzones = ["us-east-1a", "us-east-1b"]\npublic_key = "id.pub"\n'
+                       f'ssh_cidr = "198.51.100.7/32"\nbudget_usd = {budget}\n' + extra)
+    return profile
+

@@ -22,7 +22,7 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.model.cloud import CloudEvent
 
 from .conftest import cli_env
-from .moto_fixture import cli, public_key_line
+from .moto_fixture import cli, sim_cloud_profile
 from .proc_support import Child, wait_until
 from .test_cloud_budget import T0, make_context
 
@@ -176,14 +176,7 @@ def test_on_start_gputui_reports_what_the_records_say_runs(capsys: pytest.Captur
 
 @pytest.fixture
 def sim_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("GPUTUI_CLOUD", "sim")
-    monkeypatch.setenv("GPUTUI_SIM_LAUNCH_DELAY", "0.3")
-    monkeypatch.setenv("GPUTUI_PUBLIC_IP_URL", "http://127.0.0.1:9/")
-    (tmp_path / "id.pub").write_text(public_key_line() + "\n")
-    profile = tmp_path / "demo.toml"
-    profile.write_text('[cloud]\nzones = ["us-east-1a", "us-east-1b"]\npublic_key = "id.pub"\n'
-                       'ssh_cidr = "198.51.100.7/32"\nbudget_usd = 0.012\n')
-    return profile
+    return sim_cloud_profile(tmp_path, monkeypatch, "demo", 0.012, "0.3")
 
 
 def test_cli_with_the_simulated_cloud(sim_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:

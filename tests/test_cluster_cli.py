@@ -19,23 +19,16 @@ from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust,
 )
 from .conftest import cli_env, run_cli
-from .moto_fixture import public_key_line
+from .moto_fixture import sim_cloud_profile
 from .proc_support import Child
 
 
 @pytest.fixture
 def sim_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A profile with one static host (never contacted here) and cloud slaves on the simulated cloud."""
-    monkeypatch.setenv("GPUTUI_CLOUD", "sim")
-    monkeypatch.setenv("GPUTUI_SIM_LAUNCH_DELAY", "0")
-    monkeypatch.setenv("GPUTUI_PUBLIC_IP_URL", "http://127.0.0.1:9/")
-    (tmp_path / "id.pub").write_text(public_key_line() + "\n")
-    profile = tmp_path / "lab.toml"
-    profile.write_text('[cloud]\nzones = ["us-east-1a", "us-east-1b"]\npublic_key = "id.pub"\n'
-                       'ssh_cidr = "198.51.100.7/32"\nbudget_usd = 50\n\n'
-                       '[[hosts]]\nname = "box"\naddress = "192.0.2.10"\nuser = "ann"\n\n'
-                       '[cluster]\nname = "lab"\nhosts = ["box"]\ncloud_slaves = 2\nidle_stop_minutes = 1\n')
-    return profile
+    return sim_cloud_profile(tmp_path, monkeypatch, "lab", 50, "0",
+                             '\n[[hosts]]\nname = "box"\naddress = "192.0.2.10"\nuser = "ann"\n\n'
+                             '[cluster]\nname = "lab"\nhosts = ["box"]\ncloud_slaves = 2\nidle_stop_minutes = 1\n')
 
 
 def cloud_up(profile: Path, count: int) -> list[str]:
