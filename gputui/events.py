@@ -1,0 +1,110 @@
+"""Every event a run emits, defined once: its name, its fields and their kinds.
+
+The trainer, the DDP launcher, the cluster master and its workers build events with
+`make`, which refuses an unknown event or field (a programming error, caught by the
+tests) and a number that is not finite (a NaN loss must become an `error` event, never
+a line that is not JSON). The readers (the JSON view, the dashboard, the cluster relay)
+use `typed` on what they receive: a relayed or replayed event is data from elsewhere, so
+its numbers are kept only when they are finite numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Mapping
+
+# Kinds of field values: "int", "num" (int or float), "str", "bool", "list", "any".
+_RUN = {"run_id": "str", "run_dir": "str", "nonce": "str"}
+_POSITION = {"epoch": "int", "step": "int", "elapsed_s": "num"}
+_MESSAGE = {"message": "str"}
+
+SPEC: dict[str, dict[str, str]] = {
+    # The trainer (every strategy; a cluster relays rank 0's).
+    "start": {**_RUN, "model": "str", "device": "str", "strategy": "str", "world_size": "int", "epochs": "int",
+              "batch_size": "int", "steps_per_epoch": "int", "total_steps": "int", "train_samples": "int",
+              "test_samples": "int", "num_classes": "int", "params": "int", "seed": "int",
+              "resumed_from_step": "int", "device_choice": "str", "gpus": "list", "node": "str", "nodes": "int",
+              "step_impl": "str", "schedule_from_step": "int"},
+    "step": {**_POSITION, "loss": "num", "l1": "num", "samples_per_s": "num", "lr": "num"},
+    "eval": {**_POSITION, "test_loss": "num", "test_acc": "num", "eval_s": "num"},
+    "epoch": {**_POSITION, "train_loss": "num", "l1": "num", "test_loss": "num", "test_acc": "num", "eval_s": "num"},
+    "interrupted": {**_POSITION, "reason": "str", "checkpoint": "str"},
+    "done": {"step": "int", "epochs": "int", "test_acc": "num", "best_acc": "num", "elapsed_s": "num", "eval_s": "num"},
+    "error": {**_MESSAGE, "exit_code": "int", "reason": "str", "step": "int", "epoch": "int", "checkpoint": "str",
+              "node": "str"},
+    "warning": {**_MESSAGE, "node": "str", "reason": "str"},
+    "fallback": {**_MESSAGE, "from_impl": "str", "to_impl": "str", "reason": "str", "step": "int"},
+    # A cluster's workers.
+    "restarted": {"restart": "int", "world_size": "int", "node": "str", "nodes": "int"},
+    # The cluster master.
+    "node": {**_MESSAGE, "node": "str", "kind": "str", "address": "str", "bootstrap_s": "num", "skipped": "bool",
+             "steps": "list", "python": "str", "torch": "str"},
+    "slaves_started": {**_MESSAGE, "instances": "list"},
+    "slaves_terminated": {**_MESSAGE, "instances": "list"},
+    "stopping": {**_MESSAGE, "slaves": "int", "processes": "int", "reason": "str"},
+    "cluster": {**_MESSAGE, "attempt": "int", "nodes": "list", "world_size": "int", "min_nodes": "int", "rdzv": "str"},
+    "relaunch": {**_MESSAGE, "attempt": "int", "from_step": "int", "reason": "str"},
+    "resumed": {**_MESSAGE, "from_step": "int", "lost_steps": "int", "nodes": "int"},
+    "node_lost": {**_MESSAGE, "node": "str", "exit_code": "int", "step": "int", "reason": "str"},
+    "node_unavailable": {**_MESSAGE, "node": "str"},
+    "node_dropped": {**_MESSAGE, "node": "str", "nodes": "int"},
+    "node_replaced": {**_MESSAGE, "node": "str", "by": "str"},
+}
+
+# The fields that are numbers in every event that has them (what a reader of an unknown event checks).
+NUMBERS = tuple(sorted(
+    {name for fields in SPEC.values() for name, kind in fields.items() if kind in ("int", "num")}
+    - {name for fields in SPEC.values() for name, kind in fields.items() if kind not in ("int", "num")}
+))
+ENDS = ("done", "interrupted", "error")  # the events after which a run emits nothing more
+
+
+class NonFinite(ValueError):
+    """An event field that should be a number is NaN or infinite."""
+
+
+def _fits(kind: str, value: Any) -> bool:
+    if value is None or kind == "any":
+        return True
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "num":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    return isinstance(value, (list, tuple))
+
+
+def make(name: str, /, **fields: Any) -> dict[str, Any]:
+    """The event `name` with `fields` and the time, checked against SPEC.
+
+    Raises TypeError for an unknown event, field or a value of the wrong kind (a bug),
+    and NonFinite for a NaN or infinite number.
+    """
+    spec = SPEC.get(name)
+    if spec is None:
+        raise TypeError(f"unknown event {name!r}")
+    for key, value in fields.items():
+        kind = spec.get(key)
+        if kind is None:
+            raise TypeError(f"event {name!r} has no field {key!r}")
+        if not _fits(kind, value):
+            raise TypeError(f"event {name!r} field {key!r}: {value!r} is not {kind}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NonFinite(f"event {name!r} field {key!r} is {value}")
+    return {"event": name, "time": round(time.time(), 3), **fields}
+
+
+def typed(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A received event with each number that is not a finite number (text, NaN, a bool) as None."""
+    out = dict(event)
+    spec = SPEC.get(str(out.get("event")))
+    numbers = NUMBERS if spec is None else [k for k, kind in spec.items() if kind in ("int", "num")]
+    for key in numbers:
+        value = out.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+            out[key] = None
+    return out
