@@ -24,7 +24,7 @@ SPEC: dict[str, dict[str, str]] = {
     "start": {**_RUN, "model": "str", "device": "str", "strategy": "str", "world_size": "int", "epochs": "int",
               "batch_size": "int", "steps_per_epoch": "int", "total_steps": "int", "train_samples": "int",
               "test_samples": "int", "num_classes": "int", "params": "int", "seed": "int",
-              "resumed_from_step": "int", "device_choice": "str", "gpus": "list", "node": "str", "nodes": "int",
+              "resumed_from_step": "int", "device_choice": "str", "gpus": "list", "node": "str", "nodes": "int", "nproc_per_node": "int", "restart": "int",
               "step_impl": "str", "schedule_from_step": "int"},
     "step": {**_POSITION, "loss": "num", "l1": "num", "samples_per_s": "num", "lr": "num"},
     "eval": {**_POSITION, "test_loss": "num", "test_acc": "num", "eval_s": "num"},
@@ -36,7 +36,7 @@ SPEC: dict[str, dict[str, str]] = {
     "warning": {**_MESSAGE, "node": "str", "reason": "str"},
     "fallback": {**_MESSAGE, "from_impl": "str", "to_impl": "str", "reason": "str", "step": "int"},
     # A cluster's workers.
-    "restarted": {"restart": "int", "world_size": "int", "node": "str", "nodes": "int"},
+    "restarted": {"restart": "int", "world_size": "int", "node": "str", "nodes": "int", "resumed_from_step": "int"},
     # The cluster master.
     "node": {**_MESSAGE, "node": "str", "kind": "str", "address": "str", "bootstrap_s": "num", "skipped": "bool",
              "steps": "list", "python": "str", "torch": "str"},
