@@ -38,14 +38,49 @@ class HostState(str, enum.Enum):
         return self in (HostState.OK, HostState.NO_DRIVER)
 
 
+# Why a GPU's clocks are held below their maximum: NVML's clocks-event (throttle) reason bits
+# (nvmlClocksEventReason*, nvidia-smi's clocks_event_reasons.active) and their short codes.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "idle"),  # nothing to do
+    (0x2, "app-clocks"),  # held at the applications clocks setting
+    (0x4, "power-cap"),  # software power capping
+    (0x8, "hw-slowdown"),  # hardware slowdown (thermal or power brake, as the board decides)
+    (0x10, "sync-boost"),  # held to the clocks of the other GPUs of its sync-boost group
+    (0x20, "sw-thermal"),  # software thermal slowdown
+    (0x40, "hw-thermal"),  # hardware thermal slowdown
+    (0x80, "hw-power-brake"),  # an external power-brake signal
+    (0x100, "display-clocks"),  # held at the display clocks setting
+)
+THROTTLE_CODES: tuple[str, ...] = tuple(code for _, code in THROTTLE_REASONS)
+# The reasons that make a busy GPU slower than it could be (idle and the settings are not slowdowns).
+SLOWDOWNS: frozenset[str] = frozenset({"power-cap", "hw-slowdown", "sync-boost", "sw-thermal", "hw-thermal", "hw-power-brake"})
+
+
+def throttle_codes(mask: int) -> tuple[str, ...]:
+    """The short codes of a clocks-event reason bit mask, in THROTTLE_REASONS order (unknown bits ignored)."""
+    return tuple(code for bit, code in THROTTLE_REASONS if mask & bit)
+
+
+def throttle_text(reasons: tuple[str, ...] | None) -> str:
+    """Reasons for display: "n/a" when unknown, "-" when none, else the codes joined by ","."""
+    if reasons is None:
+        return "n/a"
+    return ",".join(reasons) if reasons else "-"
+
+
 @dataclass(frozen=True)
 class GpuProcess:
-    """A compute process on a GPU."""
+    """A compute process on a GPU. CPU % is over the last poll interval locally (since the
+    process started on its first sighting) and since it started over SSH (as `ps` gives it)."""
 
     pid: int
     name: str | None = None  # the command line (or executable) where known
     user: str | None = None
     gpu_memory_mib: float | None = None
+    sm_pct: float | None = None  # the process's share of the GPU's SM time (NVML only)
+    cpu_pct: float | None = None  # of one core: 100 = one core busy
+    rss_mib: float | None = None  # resident host memory
+    running_s: float | None = None  # since the process started
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -98,6 +133,12 @@ class GpuSample:
     ecc_corrected: int | None = None  # volatile (since the driver loaded)
     ecc_uncorrected: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    throttle: tuple[str, ...] | None = None  # active clocks-event reasons (THROTTLE_CODES); () none; None n/a
+
+    @property
+    def throttled(self) -> bool:
+        """True when a slowdown reason (power cap, thermal, hw slowdown, sync boost) holds the clocks."""
+        return bool(self.throttle) and not SLOWDOWNS.isdisjoint(self.throttle or ())
 
     @property
     def mem_pct(self) -> float | None:
@@ -107,14 +148,17 @@ class GpuSample:
         return 100.0 * self.mem_used_mib / self.mem_total_mib
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "processes"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("processes", "throttle")}
         out["processes"] = [p.to_dict() for p in self.processes]
+        out["throttle"] = None if self.throttle is None else list(self.throttle)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GpuSample":
-        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name != "processes"}
+        values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls) if f.name not in ("processes", "throttle")}
         values["processes"] = tuple(GpuProcess.from_dict(p) for p in data.get("processes") or ())
+        throttle = data.get("throttle")
+        values["throttle"] = tuple(str(r) for r in throttle) if isinstance(throttle, (list, tuple)) else None
         return cls(**values)
 
 

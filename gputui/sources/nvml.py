@@ -4,25 +4,37 @@ NVML is initialised once and its device handles kept. Optional calls are probed 
 use: one a driver lacks (NOT_SUPPORTED, FUNCTION_NOT_FOUND, or a pynvml without it) is
 remembered per device and never called again, so a poll costs only the calls that work.
 No library, no driver and no GPU are normal states of the host, not exceptions.
+
+What a poll costs (per-call latencies measured on an H100, shared/reference/h100): name,
+UUID and power limit are read once; memory comes from the v2 call (used excludes the
+driver's reserve, as nvidia-smi counts it), falling back to v1; PCIe rates come from the
+cumulative byte counters (`nvmlDeviceGetFieldValues`, both directions in one 0.46 ms call)
+as a rate between two polls, never from `nvmlDeviceGetPcieThroughput` (20.7 ms per
+direction). Per-process SM % (`nvmlDeviceGetProcessUtilization`, 1.7 ms) is read only
+while `process_sm` is on (a process table is shown) and only for GPUs running processes.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
-from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState, throttle_codes
 from gputui.model.text import clean
 from gputui.sources.host import LocalHost
 
 MAX_COMMAND_CHARS = 200
+MIN_CPU_WINDOW_S = 0.5  # a process's CPU % is measured over at least this long
 _PROCESS_CALLS = (
     "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetComputeRunningProcesses",
 )
+_REASON_CALLS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+_NO_V2 = (3, 13, 25)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH: this driver has v1 only
 
 
 class _Unsupported(Exception):
@@ -37,8 +49,10 @@ def _text(value: Any) -> str:
 class NvmlSource:
     """The local host and its NVIDIA GPUs. `module` replaces `pynvml` (tests use a fake)."""
 
-    def __init__(self, name: str | None = None, module: ModuleType | None = None, host: LocalHost | None = None) -> None:
+    def __init__(self, name: str | None = None, module: ModuleType | None = None, host: LocalHost | None = None,
+                 process_sm: bool = False) -> None:
         self.name = name or socket.gethostname() or "localhost"
+        self.process_sm = process_sm  # read each process's SM % (1.7 ms per GPU running processes)
         self._module = module
         self._host = host if host is not None else LocalHost()
         self._nv: Any = None
@@ -48,6 +62,11 @@ class NvmlSource:
         self._driver: str | None = None
         self._unsupported: set[tuple[int, str]] = set()
         self._process_call: dict[int, str | None] = {}  # device -> the process call that works
+        self._statics: dict[int, _Static] = {}
+        self._memory_v2: dict[int, bool] = {}  # device -> whether the v2 memory call works
+        self._pcie_last: dict[int, tuple[float, int | None, int | None]] = {}  # device -> (s, tx, rx bytes)
+        self._sm_seen: dict[int, int] = {}  # device -> timestamp of the newest process sample read
+        self._host_procs = HostProcesses()
         self._started = False
 
     # -- life cycle -------------------------------------------------------------------------
@@ -99,6 +118,7 @@ class NvmlSource:
             except self._nv.NVMLError:
                 pass
         self._nv, self._handles, self._started = None, [], False
+        self._statics, self._pcie_last, self._sm_seen = {}, {}, {}
 
     @property
     def driver_version(self) -> str | None:
@@ -125,6 +145,7 @@ class NvmlSource:
         if not self._started:
             self._start()
         gpus = tuple(self._read_gpu(i, h) for i, h in enumerate(self._handles)) if self._nv is not None else ()
+        self._host_procs.forget_except({p.pid for g in gpus for p in g.processes})
         cpu, used, total = self._host.sample()
         return [
             HostSnapshot(
@@ -159,14 +180,91 @@ class NvmlSource:
             pass
         return None
 
+    def _static(self, i: int, h: Any) -> _Static:
+        """Name, UUID and power limit: read on the first poll only."""
+        found = self._statics.get(i)
+        if found is None or found.incomplete:
+            nv = self._nv
+            limit = self._call(i, "power_limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+            found = _Static(
+                name=_opt(self._call(i, "name", lambda: _text(nv.nvmlDeviceGetName(h)))),
+                uuid=_opt(self._call(i, "uuid", lambda: _text(nv.nvmlDeviceGetUUID(h)))),
+                power_limit_w=None if limit is None else limit / 1000.0,
+            )
+            found.incomplete = found.name is None and found.uuid is None  # a lost GPU: ask again later
+            self._statics[i] = found
+        return found
+
+    def _memory(self, i: int, h: Any) -> Any:
+        """Memory through the v2 call (used excludes what the driver reserves) where this driver
+        and pynvml have it, else v1 (which counts the reserve as used). Probed once per device."""
+        nv = self._nv
+        if self._memory_v2.get(i, True):
+            version = getattr(nv, "nvmlMemory_v2", None)
+            try:
+                if version is None:
+                    raise _Unsupported()
+                found = nv.nvmlDeviceGetMemoryInfo(h, version=version)
+                self._memory_v2[i] = True
+                return found
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) not in _NO_V2:
+                    return None  # a transient error: v2 is tried again next poll
+                self._memory_v2[i] = False
+            except (_Unsupported, TypeError, AttributeError):  # an old pynvml: no version argument
+                self._memory_v2[i] = False
+        return self._call(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+
+    def _reasons(self, i: int, h: Any) -> tuple[str, ...] | None:
+        """Active clocks-event (throttle) reasons, through the call this pynvml/driver has."""
+        nv = self._nv
+        for name in _REASON_CALLS:
+            if (i, name) in self._unsupported:
+                continue
+            fn = getattr(nv, name, None)
+            if fn is None:
+                self._unsupported.add((i, name))
+                continue
+            mask = self._call(i, name, lambda: fn(h))
+            if mask is None and (i, name) in self._unsupported:
+                continue  # this one will never work: try the older name
+            return None if mask is None else throttle_codes(int(mask))
+        return None
+
+    def _pcie(self, i: int, h: Any) -> tuple[float | None, float | None]:
+        """(rx, tx) KiB/s from the cumulative PCIe byte counters (one call for both
+        directions) as a rate since the previous poll; None on the first poll."""
+        nv = self._nv
+        ids = (getattr(nv, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197), getattr(nv, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198))
+        values = self._call(i, "pcie_counters", lambda: nv.nvmlDeviceGetFieldValues(h, list(ids)))
+        if values is None:
+            return None, None
+        counters: list[int | None] = []
+        stamp = 0
+        for value in values:
+            ok = getattr(value, "nvmlReturn", 1) == 0
+            counters.append(int(value.value.ullVal) if ok else None)
+            stamp = max(stamp, int(getattr(value, "timestamp", 0) or 0)) if ok else stamp
+        if all(c is None for c in counters):
+            self._unsupported.add((i, "pcie_counters"))  # no counters on this GPU: stop asking
+            return None, None
+        now = stamp / 1e6 if stamp > 0 else time.monotonic()
+        previous = self._pcie_last.get(i)
+        self._pcie_last[i] = (now, counters[0], counters[1])
+        if previous is None:
+            return None, None
+        elapsed = now - previous[0]
+        tx = _rate(previous[1], counters[0], elapsed)
+        rx = _rate(previous[2], counters[1], elapsed)
+        return rx, tx
+
     def _read_gpu(self, i: int, h: Any) -> GpuSample:
         nv = self._nv
+        static = self._static(i, h)
         util = self._call(i, "util", lambda: nv.nvmlDeviceGetUtilizationRates(h))
-        memory = self._call(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        memory = self._memory(i, h)
         power = self._call(i, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
-        limit = self._call(i, "power_limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
-        rx = self._call(i, "pcie_rx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
-        tx = self._call(i, "pcie_tx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
+        rx, tx = self._pcie(i, h)
         pstate = self._call(i, "pstate", lambda: nv.nvmlDeviceGetPerformanceState(h))
 
         def ecc(kind: int) -> Any:
@@ -174,28 +272,36 @@ class NvmlSource:
 
         return GpuSample(
             index=i,
-            name=_opt(self._call(i, "name", lambda: _text(nv.nvmlDeviceGetName(h)))),
-            uuid=_opt(self._call(i, "uuid", lambda: _text(nv.nvmlDeviceGetUUID(h)))),
+            name=static.name,
+            uuid=static.uuid,
             util_pct=None if util is None else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             mem_used_mib=None if memory is None else memory.used / 2**20,
             mem_total_mib=None if memory is None else memory.total / 2**20,
             temperature_c=_num(self._call(i, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
             power_w=None if power is None else power / 1000.0,
-            power_limit_w=None if limit is None else limit / 1000.0,
+            power_limit_w=static.power_limit_w,
             fan_pct=_num(self._call(i, "fan", lambda: nv.nvmlDeviceGetFanSpeed(h))),
             clock_sm_mhz=_num(self._call(i, "clock_sm", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
             clock_mem_mhz=_num(self._call(i, "clock_mem", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))),
-            pcie_rx_kib_s=_num(rx),
-            pcie_tx_kib_s=_num(tx),
+            pcie_rx_kib_s=rx,
+            pcie_tx_kib_s=tx,
             pstate=None if pstate is None or pstate == 32 else f"P{int(pstate)}",  # 32 = unknown
             ecc_corrected=_int(self._call(i, "ecc_corrected", lambda: ecc(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED))),
             ecc_uncorrected=_int(self._call(i, "ecc_uncorrected", lambda: ecc(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))),
             processes=self._processes(i, h),
+            throttle=self._reasons(i, h),
         )
 
     def _processes(self, i: int, h: Any) -> tuple[GpuProcess, ...]:
         """Compute processes, through the newest process call this driver has (probed once)."""
+        found = self._running(i, h)
+        if not found:
+            return ()
+        sm = self._sm(i, h) if self.process_sm else {}
+        return tuple(self._process(p, sm) for p in found)
+
+    def _running(self, i: int, h: Any) -> Any:
         if i not in self._process_call:
             self._process_call[i] = None
             for name in _PROCESS_CALLS:
@@ -205,40 +311,125 @@ class NvmlSource:
                 found = self._call(i, name, lambda: fn(h))
                 if found is not None:
                     self._process_call[i] = name
-                    return tuple(self._process(p) for p in found)
-            return ()
+                    return found
+            return None
         chosen = self._process_call[i]
         if chosen is None:
-            return ()
-        found = self._call(i, chosen, lambda: getattr(self._nv, chosen)(h))
-        return () if found is None else tuple(self._process(p) for p in found)
+            return None
+        return self._call(i, chosen, lambda: getattr(self._nv, chosen)(h))
 
-    def _process(self, info: Any) -> GpuProcess:
+    def _sm(self, i: int, h: Any) -> dict[int, float]:
+        """pid -> SM % from the samples NVML took since the previous poll (1.7 ms a call on an
+        H100: only made while `process_sm` is on and the GPU has compute processes)."""
+        nv = self._nv
+        since = self._sm_seen.get(i, 0)
+        try:
+            if (i, "process_util") in self._unsupported:
+                return {}
+            samples = nv.nvmlDeviceGetProcessUtilization(h, since)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._unsupported.add((i, "process_util"))
+            return {}  # NOT_FOUND: no sample since `since` (nothing ran)
+        except (AttributeError, OSError, ValueError, TypeError):
+            self._unsupported.add((i, "process_util"))
+            return {}
+        out: dict[int, float] = {}
+        latest = since
+        for sample in samples:
+            stamp = int(getattr(sample, "timeStamp", 0) or 0)
+            latest = max(latest, stamp)
+            out[int(sample.pid)] = max(out.get(int(sample.pid), 0.0), float(sample.smUtil))
+        self._sm_seen[i] = latest
+        return out
+
+    def _process(self, info: Any, sm: dict[int, float]) -> GpuProcess:
+        pid = int(info.pid)
         memory = getattr(info, "usedGpuMemory", None)
-        command: str | None
-        user, command = _describe_pid(int(info.pid))
+        seen = self._host_procs.read(pid)
+        command = seen.command
         if command is None:
             command = _opt(self._call(-1, "process_name", lambda: _text(self._nv.nvmlSystemGetProcessName(info.pid))))
         return GpuProcess(
-            pid=int(info.pid),
+            pid=pid,
             name=command,
-            user=user,
+            user=seen.user,
             gpu_memory_mib=None if memory is None else memory / 2**20,
+            sm_pct=sm.get(pid) if self.process_sm else None,
+            cpu_pct=seen.cpu_pct,
+            rss_mib=seen.rss_mib,
+            running_s=seen.running_s,
         )
 
 
-def _describe_pid(pid: int) -> tuple[str | None, str | None]:
-    """(user, command line) of a local process, None where it cannot be read."""
-    try:
-        import psutil
+@dataclass
+class _Static:
+    """What never changes while the driver is loaded: read once per GPU."""
 
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            user = proc.username()
-            command = " ".join(proc.cmdline()) or proc.name()
-        return clean(user), clean(command, MAX_COMMAND_CHARS) or None
-    except Exception:  # noqa: BLE001 - gone, or another user's: n/a
-        return None, None
+    name: str | None
+    uuid: str | None
+    power_limit_w: float | None
+    incomplete: bool = False
+
+
+@dataclass(frozen=True)
+class _Seen:
+    user: str | None = None
+    command: str | None = None
+    cpu_pct: float | None = None
+    rss_mib: float | None = None
+    running_s: float | None = None
+
+
+class HostProcesses:
+    """User, command line, CPU %, RSS and age of local processes, through psutil.
+
+    The user and command are read once per process (a pid reused by a new process is a new
+    one); CPU % is the CPU time used since the previous reading at least MIN_CPU_WINDOW_S
+    old over the wall time since then, or, until there is one, since it started (as `ps`
+    gives it)."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[float, str | None, str | None, float, float]] = {}  # pid -> (created, user, command, cpu s, at)
+
+    def read(self, pid: int) -> _Seen:
+        try:
+            import psutil
+
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                created = proc.create_time()
+                times = proc.cpu_times()
+                cpu = times.user + times.system
+                rss = proc.memory_info().rss / 2**20
+                now = time.time()
+                known = self._known.get(pid)
+                if known is None or known[0] != created:
+                    user = clean(proc.username())
+                    command = clean(" ".join(proc.cmdline()) or proc.name(), MAX_COMMAND_CHARS) or None
+                    base_cpu, base_at = 0.0, created
+                else:
+                    _, user, command, base_cpu, base_at = known
+            wall = now - base_at
+            cpu_pct = max(0.0, 100.0 * (cpu - base_cpu) / wall) if wall > 0 else None
+            if known is None or known[0] != created or wall >= MIN_CPU_WINDOW_S:  # else keep the older base
+                self._known[pid] = (created, user, command, cpu, now)
+            return _Seen(user, command, cpu_pct, rss, max(0.0, now - created))
+        except Exception:  # noqa: BLE001 - gone, or another user's: n/a
+            self._known.pop(pid, None)
+            return _Seen()
+
+    def forget_except(self, pids: set[int]) -> None:
+        """Drop what is kept of processes no longer on any GPU."""
+        for pid in [p for p in self._known if p not in pids]:
+            del self._known[pid]
+
+
+def _rate(before: int | None, after: int | None, elapsed: float) -> float | None:
+    """KiB/s between two byte counter readings (None for a counter reset or no time)."""
+    if before is None or after is None or elapsed <= 0 or after < before:
+        return None
+    return (after - before) / elapsed / 1024.0
 
 
 def _opt(value: Any) -> str | None:
