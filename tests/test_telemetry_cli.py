@@ -15,7 +15,7 @@ import pytest
 from gputui.cli import main
 from gputui.errors import UserError
 from gputui.hosts import parse_host_arg
-from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+from gputui.model.telemetry import THROTTLE_CODES, GpuProcess, GpuSample, HostSnapshot, HostState
 from tests.conftest import json_lines, run_cli
 from tests.sshd_fixture import Sshd, SshdFactory, free_port, sshd_factory  # noqa: F401
 
@@ -27,8 +27,10 @@ HOST_SCHEMA: dict[str, Any] = {
     "driver": (str, type(None)),
 }
 GPU_SCHEMA: dict[str, Any] = {name: NUMBER for name in GpuSample.__dataclass_fields__}
-GPU_SCHEMA.update(index=int, name=(str, type(None)), uuid=(str, type(None)), pstate=(str, type(None)), processes=list)
-PROCESS_SCHEMA: dict[str, Any] = {"pid": int, "name": (str, type(None)), "user": (str, type(None)), "gpu_memory_mib": NUMBER}
+GPU_SCHEMA.update(index=int, name=(str, type(None)), uuid=(str, type(None)), pstate=(str, type(None)), processes=list,
+                  throttle=(list, type(None)))
+PROCESS_SCHEMA: dict[str, Any] = {"pid": int, "name": (str, type(None)), "user": (str, type(None)), "gpu_memory_mib": NUMBER,
+                                  "sm_pct": NUMBER, "cpu_pct": NUMBER, "rss_mib": NUMBER, "running_s": NUMBER}
 
 
 def check_round(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -40,6 +42,7 @@ def check_round(doc: dict[str, Any]) -> list[dict[str, Any]]:
         assert host["state"] in STATES and (host["state"] == "ok" or host["message"])
         for gpu in host["gpus"]:
             assert set(gpu) == set(GPU_SCHEMA) and all(isinstance(gpu[k], t) for k, t in GPU_SCHEMA.items()), gpu
+            assert gpu["throttle"] is None or set(gpu["throttle"]) <= set(THROTTLE_CODES)
             for proc in gpu["processes"]:
                 assert set(proc) == set(PROCESS_SCHEMA) == set(GpuProcess.__dataclass_fields__)
                 assert all(isinstance(proc[k], t) for k, t in PROCESS_SCHEMA.items())

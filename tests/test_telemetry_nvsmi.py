@@ -19,17 +19,23 @@ import pytest
 from gputui.model.telemetry import GpuProcess, HostState
 from gputui.sources.nvsmi import (
     GPU_FIELDS,
+    RemoteReading,
     parse_apps,
     parse_gpu_rows,
     parse_ps,
     parse_report,
+    parse_ps_full,
+    parse_reasons,
     parse_value,
     remote_command,
+    retry_fields,
     split_row,
 )
 from tests.sshd_fixture import NVSMI_DATA
 
 FIELDS = tuple(GPU_FIELDS)
+# The fields of the poll that was recorded on the H100 (gputui d005117: no throttle reasons yet).
+RECORDED_FIELDS = tuple(f for f in GPU_FIELDS if f != "clocks_event_reasons.active")
 
 
 def run_script(tmp_path: Path, fixture: str | None, fields: tuple[str, ...] = FIELDS) -> str:
@@ -45,6 +51,17 @@ def run_script(tmp_path: Path, fixture: str | None, fields: tuple[str, ...] = FI
     out = subprocess.run(["/bin/sh", "-c", remote_command(fields)], capture_output=True, text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def read(tmp_path: Path, fixture: str | None, fields: tuple[str, ...] = FIELDS) -> tuple[RemoteReading, tuple[str, ...]]:
+    """A poll as SshHost makes it: fields the driver rejects are dropped (or renamed) and asked again."""
+    for _ in range(len(FIELDS) + 1):
+        reading = parse_report(run_script(tmp_path, fixture, fields), fields)
+        retry = retry_fields(fields, reading.invalid_fields)
+        if retry == fields:
+            return reading, fields
+        fields = retry
+    raise AssertionError("the fields never settled")
 
 
 def test_parse_value_maps_missing_markers_to_none() -> None:
@@ -76,7 +93,7 @@ def test_apps_and_ps() -> None:
     [("r470-k80", 2, "470.239.06"), ("r535-a100x8", 8, "535.183.01"), ("r550-rtx4090", 1, "550.90.07"), ("r390-gtx1080", 1, "390.157")],
 )
 def test_each_driver_generation_through_the_real_script(tmp_path: Path, fixture: str, n_gpus: int, driver: str) -> None:
-    reading = parse_report(run_script(tmp_path, fixture), FIELDS)
+    reading, _ = read(tmp_path, fixture)
     assert reading.state == HostState.OK and reading.message is None and reading.driver == driver
     assert len(reading.gpus) == n_gpus and [g.index for g in reading.gpus] == list(range(n_gpus))
     assert reading.mem_total_mib and reading.mem_used_mib is not None
@@ -92,12 +109,12 @@ def test_each_driver_generation_through_the_real_script(tmp_path: Path, fixture:
 
 
 def test_na_and_not_supported_fields_read_as_none(tmp_path: Path) -> None:
-    k80 = parse_report(run_script(tmp_path, "r470-k80"), FIELDS).gpus
+    k80 = read(tmp_path, "r470-k80")[0].gpus
     assert all(g.fan_pct is None for g in k80) and k80[0].ecc_corrected == 0 and k80[0].power_w == 142.31
-    gtx = parse_report(run_script(tmp_path, "r390-gtx1080"), FIELDS).gpus[0]
+    gtx = read(tmp_path, "r390-gtx1080")[0].gpus[0]
     assert gtx.power_limit_w is None and gtx.ecc_corrected is None and gtx.fan_pct == 27 and gtx.power_w == 8.93
-    assert gtx.processes[0].gpu_memory_mib is None
-    a100 = parse_report(run_script(tmp_path, "r535-a100x8"), FIELDS).gpus
+    assert gtx.processes[0].gpu_memory_mib is None and gtx.throttle is None
+    a100 = read(tmp_path, "r535-a100x8")[0].gpus
     assert a100[3].util_pct == 94 and a100[5].temperature_c == 68 and a100[7].pstate == "P0"  # padded cells
     assert sum(len(g.processes) for g in a100) == 7 and a100[6].processes == ()
 
@@ -111,15 +128,16 @@ def test_old_driver_rejects_fields_one_at_a_time(tmp_path: Path) -> None:
             break
         assert reading.state == HostState.ERROR and "rejects" in (reading.message or "")
         rejected += reading.invalid_fields
-        fields = tuple(f for f in fields if f not in reading.invalid_fields)
-    assert sorted(rejected) == ["ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.volatile.total", "power.limit"]
+        fields = retry_fields(fields, reading.invalid_fields)
+    assert sorted(rejected) == ["clocks_event_reasons.active", "clocks_throttle_reasons.active",
+                                "ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.volatile.total", "power.limit"]
     gpu = reading.gpus[0]
     assert reading.state == HostState.OK and gpu.name == "Quadro K2200" and gpu.mem_util_pct is None and gpu.power_w is None
     assert gpu.processes == ()  # "No running processes found"
 
 
 def test_zero_gpus_no_driver_and_no_nvidia_smi(tmp_path: Path) -> None:
-    zero = parse_report(run_script(tmp_path, "zero"), FIELDS)
+    zero = read(tmp_path, "zero")[0]
     assert zero.state == HostState.OK and zero.gpus == () and zero.message == "no GPU"
     nodriver = parse_report(run_script(tmp_path, "nodriver"), FIELDS)
     assert nodriver.state == HostState.NO_DRIVER and "driver" in (nodriver.message or "")
@@ -147,7 +165,7 @@ H100_UUID = "GPU-61f4664a-d5ab-ee54-2be5-cad87b574eb8"
 
 def test_a_real_h100_poll_parses_to_what_nvidia_smi_itself_reported() -> None:
     """The poll's output on a real H100 during training, against nvidia-smi -q -x taken then."""
-    reading = parse_report((H100 / "ssh-poll-output.txt").read_text(), FIELDS)
+    reading = parse_report((H100 / "ssh-poll-output.txt").read_text(), RECORDED_FIELDS)
     assert reading.state == HostState.OK and reading.message is None and reading.invalid_fields == ()
     assert reading.driver == "580.159.04" and reading.cpu_before is not None and reading.cpu_after is not None
     assert reading.mem_total_mib == 131981020 / 1024  # MemTotal, kB
@@ -182,7 +200,7 @@ def test_a_real_h100_poll_parses_to_what_nvidia_smi_itself_reported() -> None:
 def test_nvml_counts_the_driver_reserve_as_used_and_nvidia_smi_does_not() -> None:
     """Why `gputui monitor` (NVML) said 1100.8 MiB where the SSH poll says 621 on that H100."""
     nvml = json.loads((H100 / "monitor-once-training.json").read_text())["hosts"][0]["gpus"][0]
-    ssh = parse_report((H100 / "ssh-poll-output.txt").read_text(), FIELDS).gpus[0]
+    ssh = parse_report((H100 / "ssh-poll-output.txt").read_text(), RECORDED_FIELDS).gpus[0]
     reserved = float(str(ET.parse(H100 / "nvidia-smi-q.xml").getroot().findtext("gpu/fb_memory_usage/reserved")).split()[0])
     assert nvml["uuid"] == ssh.uuid and nvml["mem_total_mib"] == ssh.mem_total_mib
     assert ssh.mem_used_mib is not None and reserved == 480
@@ -217,8 +235,66 @@ def test_nvidia_smis_own_csv_answers_from_the_h100_parse() -> None:
 def test_the_fake_nvidia_smi_replays_the_h100_as_it_answered(tmp_path: Path) -> None:
     """Through the real script with the fake on PATH: the same GPU as the recorded poll (the
     training process is not on this machine, so `ps` cannot name it or its user here)."""
-    replayed = parse_report(run_script(tmp_path, "h100-r580-recorded"), FIELDS)
-    recorded = parse_report((H100 / "ssh-poll-output.txt").read_text(), FIELDS)
+    replayed, asked = read(tmp_path, "h100-r580-recorded")
+    assert asked == RECORDED_FIELDS  # the reasons field is not in the recording, under either name
+    recorded = parse_report((H100 / "ssh-poll-output.txt").read_text(), RECORDED_FIELDS)
     assert replayed.state == HostState.OK and replayed.driver == recorded.driver
     assert [replace(g, processes=()) for g in replayed.gpus] == [replace(g, processes=()) for g in recorded.gpus]
     assert [(p.pid, p.gpu_memory_mib) for p in replayed.gpus[0].processes] == [(425, 612)]
+
+
+# -- throttle reasons and the process columns ----------------------------------------------
+
+def test_throttle_reasons_of_each_gpu(tmp_path: Path) -> None:
+    reading, asked = read(tmp_path, "r580-h100x8")
+    assert asked == FIELDS and reading.state == HostState.OK  # R580 knows every field
+    assert [g.throttle for g in reading.gpus] == [(), ("power-cap",), ("sw-thermal", "hw-thermal"), ("sync-boost",), (),
+                                                  ("hw-slowdown",), ("idle",), None]
+    assert [g.throttled for g in reading.gpus] == [False, True, True, True, False, True, False, False]
+    assert reading.driver == "580.159.04"  # the column after the reasons still lands where it belongs
+
+
+def test_a_driver_before_r535_is_asked_the_older_name_once(tmp_path: Path) -> None:
+    reading, asked = read(tmp_path, "r470-k80-reasons")
+    assert "clocks_throttle_reasons.active" in asked and "clocks_event_reasons.active" not in asked
+    assert [g.throttle for g in reading.gpus] == [("power-cap",), ("idle",)]
+    assert retry_fields(asked, ("clocks_throttle_reasons.active",)) == tuple(f for f in asked if f != "clocks_throttle_reasons.active")
+    assert retry_fields(("index", "name"), ("index",)) == ("index", "name")  # index is never dropped
+
+
+def test_reasons_cells() -> None:
+    assert parse_reasons("0x0000000000000000") == ()
+    assert parse_reasons("0x00000000000000C4") == ("power-cap", "hw-thermal", "hw-power-brake")
+    assert parse_reasons(None) is None and parse_reasons("Not Active") is None
+
+
+def test_remote_processes_have_cpu_rss_and_age(tmp_path: Path) -> None:
+    reading, _ = read(tmp_path, "r580-h100x8")
+    init = reading.gpus[0].processes[0]
+    assert init.pid == 1 and init.user == "root" and init.name  # resolved by the remote ps
+    assert init.rss_mib is not None and init.rss_mib > 0 and init.running_s is not None and init.running_s > 0
+    assert init.cpu_pct is not None and init.cpu_pct >= 0 and init.sm_pct is None  # no SM % over SSH
+    ghost = reading.gpus[1].processes[0]
+    assert ghost.pid == 4242501 and (ghost.user, ghost.cpu_pct, ghost.rss_mib) == (None, None, None)
+
+
+def test_ps_rows_with_and_without_the_extra_columns() -> None:
+    rows = parse_ps_full("    1 root      0.0 11960 86400 /sbin/init splash\n 42 a.very.long.user.name 97.5 2048 61 python x y\n bad\n")
+    assert rows[1].user == "root" and rows[1].command == "/sbin/init splash" and rows[1].running_s == 86400
+    assert rows[42].user == "a.very.long.user.name" and rows[42].cpu_pct == 97.5 and rows[42].rss_mib == 2.0
+    text = "@@gputui 1\n@@gpu\n0, GPU-a\n@@rc 0\n@@apps\nGPU-a, 42, p, 10\n@@rc 0\n@@ps2\n@@ps\n   42 ann python -m x\n@@end\n"
+    (gpu,) = parse_report(text, ("index", "uuid")).gpus
+    assert gpu.processes[0].user == "ann" and gpu.processes[0].cpu_pct is None  # a ps without pcpu/rss/etimes
+
+
+def test_the_script_falls_back_to_a_plain_ps(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin-old-ps"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(NVSMI_DATA / "fake-nvidia-smi")
+    real_ps = subprocess.run(["sh", "-c", "command -v ps"], capture_output=True, text=True).stdout.strip()
+    (bin_dir / "ps").write_text(f'#!/bin/sh\ncase "$*" in *etimes*) echo "ps: bad -o argument" >&2; exit 1;; esac\nexec {real_ps} "$@"\n')
+    (bin_dir / "ps").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "NVSMI_FIXTURE": str(NVSMI_DATA / "r580-h100x8")}
+    out = subprocess.run(["/bin/sh", "-c", remote_command(FIELDS)], capture_output=True, text=True, env=env, timeout=30).stdout
+    init = parse_report(out, FIELDS).gpus[0].processes[0]
+    assert (init.pid, init.user, init.rss_mib) == (1, "root", None) and init.name

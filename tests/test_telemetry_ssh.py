@@ -254,3 +254,28 @@ def test_close_while_connecting_keeps_no_connection(sshd_factory: SshdFactory, a
     source.close()
     host = source.hosts[0]
     assert host.done.wait(5) and not host.connected
+
+
+def test_throttle_reasons_and_process_columns_over_ssh(sshd_factory: SshdFactory, tmp_path: Path) -> None:
+    server = sshd_factory("r580-h100x8")
+    old = sshd_factory("r470-k80-reasons")
+    try:
+        host = SshHost(spec(sshd_factory, server.port), options(tmp_path, server))
+        snap = host.poll_now()
+        assert snap.state == HostState.OK and len(snap.gpus) == 8
+        assert [g.throttle for g in snap.gpus[:3]] == [(), ("power-cap",), ("sw-thermal", "hw-thermal")]
+        init = snap.gpus[0].processes[0]
+        assert init.pid == 1 and init.user == "root" and init.rss_mib and init.running_s and init.cpu_pct is not None
+        host.close()
+        calls: list[str] = []
+        k80 = SshHost(spec(sshd_factory, old.port), options(tmp_path, old))
+        real_run = k80.run
+        k80.run = lambda command, timeout=None: calls.append(command) or real_run(command, timeout)  # type: ignore[method-assign]
+        first = k80.poll_now()
+        assert [g.throttle for g in first.gpus] == [("power-cap",), ("idle",)] and len(calls) == 2  # asked again once
+        assert [g.throttle for g in k80.poll_now().gpus] == [("power-cap",), ("idle",)] and len(calls) == 3
+        assert "clocks_throttle_reasons.active" in calls[-1] and "clocks_event_reasons" not in calls[-1]
+        k80.close()
+    finally:
+        server.stop()
+        old.stop()

@@ -2,8 +2,10 @@
 
 One `sh` script per poll prints, between `@@` markers: /proc/stat's cpu line before and
 after, /proc/meminfo's totals, `nvidia-smi --query-gpu=...` and `--query-compute-apps=...`
-in CSV (no header, no units) with their exit codes, and `ps` rows (pid, user, command)
-for the compute processes. Everything is parsed here without I/O, so drivers' quirks
+in CSV (no header, no units) with their exit codes, and `ps` rows (pid, user, CPU %, RSS,
+elapsed seconds, command; `@@ps2`) for the compute processes, or (pid, user, command;
+`@@ps`) where that `ps` lacks those columns. Everything is parsed here without I/O, so
+drivers' quirks
 (`[N/A]`, `[Not Supported]`, missing columns, odd spacing, fields an old driver rejects)
 are unit-tested.
 """
@@ -15,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gputui.model.telemetry import GpuProcess, GpuSample, HostState
+from gputui.model.telemetry import GpuProcess, GpuSample, HostState, throttle_codes
 from gputui.model.text import clean
 from gputui.sources.host import CpuTimes, parse_meminfo, parse_proc_stat_line
 
@@ -37,8 +39,12 @@ GPU_FIELDS: dict[str, str] = {
     "pstate": "pstate",
     "ecc.errors.corrected.volatile.total": "ecc_corrected",
     "ecc.errors.uncorrected.volatile.total": "ecc_uncorrected",
+    "clocks_event_reasons.active": "throttle",  # a hex bit mask (R535 and later)
     "driver_version": "driver",
 }
+# A field a driver rejects -> the older name of the same field, asked for instead (once).
+OLDER_FIELD_NAMES: dict[str, str] = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
+FIELD_ATTRS: dict[str, str] = {**GPU_FIELDS, **{old: GPU_FIELDS[new] for new, old in OLDER_FIELD_NAMES.items()}}
 REQUIRED_GPU_FIELDS = ("index",)
 APP_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "process_name", "used_memory")
 _TEXT_ATTRS = {"name", "uuid", "pstate", "driver"}
@@ -50,6 +56,20 @@ _NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?")
 _INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query', re.I)
 
 MAX_COMMAND_CHARS = 200
+
+
+def retry_fields(gpu_fields: tuple[str, ...], rejected: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields to ask next time: each rejected one dropped for good, or replaced by its
+    older name where it has one (`index` is never dropped)."""
+    out = []
+    for name in gpu_fields:
+        if name in rejected and name not in REQUIRED_GPU_FIELDS:
+            older = OLDER_FIELD_NAMES.get(name)
+            if older is not None and older not in gpu_fields:
+                out.append(older)
+            continue
+        out.append(name)
+    return tuple(out)
 
 
 def remote_script(gpu_fields: tuple[str, ...]) -> str:
@@ -67,9 +87,10 @@ nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1; printf '\\n@@
 echo '@@apps'
 a=$(nvidia-smi --query-compute-apps={apps} --format=csv,noheader,nounits 2>&1); r=$?
 printf '%s\\n@@rc %s\\n' "$a" $r
-echo '@@ps'
+echo '@@ps2'
 case $a in *[0-9]*) p=$(printf '%s\\n' "$a" | sed -n 's/^[^,]*, *\\([0-9][0-9]*\\) *,.*/\\1/p' | tr '\\n' ',');
-  [ -n "$p" ] && ps -o pid=,user=,args= -p "${{p%,}}" 2>/dev/null;; esac
+  [ -n "$p" ] && {{ ps -o pid=,user:32=,pcpu=,rss=,etimes=,args= -p "${{p%,}}" 2>/dev/null ||
+    {{ echo '@@ps'; ps -o pid=,user=,args= -p "${{p%,}}" 2>/dev/null; }}; }};; esac
 read -r l < /proc/stat && echo "@@stat1 $l"
 echo '@@end'
 """
@@ -110,7 +131,7 @@ def split_row(line: str, n_fields: int, wide: int | None = None) -> list[str | N
 
 def parse_gpu_rows(text: str, gpu_fields: tuple[str, ...]) -> tuple[list[GpuSample], str | None]:
     """GPUs from `--query-gpu` CSV output, and the driver version if it was asked for."""
-    attrs = [GPU_FIELDS.get(f, "") for f in gpu_fields]
+    attrs = [FIELD_ATTRS.get(f, "") for f in gpu_fields]
     wide = attrs.index("name") if "name" in attrs else None
     gpus: list[GpuSample] = []
     driver = None
@@ -124,6 +145,8 @@ def parse_gpu_rows(text: str, gpu_fields: tuple[str, ...]) -> tuple[list[GpuSamp
                 continue
             if attr in _TEXT_ATTRS:
                 values[attr] = cell
+            elif attr == "throttle":
+                values[attr] = parse_reasons(cell)
             else:
                 number = parse_number(cell)
                 values[attr] = None if number is None else (int(number) if attr in _INT_ATTRS else number)
@@ -148,6 +171,16 @@ def parse_apps(text: str) -> list[tuple[str | None, GpuProcess]]:
     return out
 
 
+def parse_reasons(cell: str | None) -> tuple[str, ...] | None:
+    """Throttle reason codes from `clocks_event_reasons.active` ("0x0000000000000004")."""
+    if cell is None:
+        return None
+    try:
+        return throttle_codes(int(cell, 16))
+    except ValueError:
+        return None
+
+
 def parse_ps(text: str) -> dict[int, tuple[str, str | None]]:
     """pid -> (user, command) from `ps -o pid=,user=,args=` rows."""
     out: dict[int, tuple[str, str | None]] = {}
@@ -157,6 +190,38 @@ def parse_ps(text: str) -> dict[int, tuple[str, str | None]]:
             command = clean(parts[2], MAX_COMMAND_CHARS).strip() if len(parts) > 2 else None
             out[int(parts[0])] = (clean(parts[1]), command or None)
     return out
+
+
+@dataclass(frozen=True)
+class PsRow:
+    """What the remote `ps` says of one process."""
+
+    user: str | None
+    command: str | None
+    cpu_pct: float | None = None  # ps's %CPU: CPU time over the time since it started
+    rss_mib: float | None = None
+    running_s: float | None = None
+
+
+def parse_ps_full(text: str) -> dict[int, PsRow]:
+    """pid -> PsRow from `ps -o pid=,user:32=,pcpu=,rss=,etimes=,args=` rows."""
+    out: dict[int, PsRow] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5 or not parts[0].isdigit():
+            continue
+        cpu, rss, age = parse_number(parts[2]), parse_number(parts[3]), parse_number(parts[4])
+        command = clean(parts[5], MAX_COMMAND_CHARS).strip() if len(parts) > 5 else None
+        out[int(parts[0])] = PsRow(clean(parts[1]), command or None, cpu, None if rss is None else rss / 1024.0, age)
+    return out
+
+
+def _ps_rows(bodies: dict[str, str]) -> dict[int, PsRow]:
+    """The ps answer in whichever form this host's ps could give."""
+    rows = parse_ps_full(bodies.get("ps2", ""))
+    for pid, (user, command) in parse_ps(bodies.get("ps", "")).items():
+        rows.setdefault(pid, PsRow(user, command))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -246,17 +311,18 @@ def parse_report(text: str, gpu_fields: tuple[str, ...]) -> RemoteReading:
     gpus, driver = parse_gpu_rows(gpu_body, gpu_fields)
     apps_body = bodies.get("apps", "")
     if codes.get("apps", 0) == 0 and not _INVALID_FIELD.search(apps_body):
-        gpus = _attach_processes(gpus, parse_apps(apps_body), parse_ps(bodies.get("ps", "")))
+        gpus = _attach_processes(gpus, parse_apps(apps_body), _ps_rows(bodies))
     return replace(base, message=None if gpus else "no GPU", gpus=tuple(gpus), driver=driver)
 
 
 def _attach_processes(
-    gpus: list[GpuSample], apps: list[tuple[str | None, GpuProcess]], ps: dict[int, tuple[str, str | None]]
+    gpus: list[GpuSample], apps: list[tuple[str | None, GpuProcess]], ps: dict[int, PsRow]
 ) -> list[GpuSample]:
     by_uuid: dict[str | None, list[GpuProcess]] = {}
     for uuid, proc in apps:
-        user, command = ps.get(proc.pid, (None, None))
-        by_uuid.setdefault(uuid, []).append(replace(proc, user=user, name=command or proc.name))
+        row = ps.get(proc.pid, PsRow(None, None))
+        by_uuid.setdefault(uuid, []).append(replace(proc, user=row.user, name=row.command or proc.name, cpu_pct=row.cpu_pct,
+                                                    rss_mib=row.rss_mib, running_s=row.running_s))
     if len(gpus) == 1 and None in by_uuid:  # a driver that gave no uuid: one GPU is unambiguous
         by_uuid.setdefault(gpus[0].uuid, []).extend(by_uuid.pop(None))
     return [replace(g, processes=tuple(by_uuid.get(g.uuid, ()))) if g.uuid in by_uuid else g for g in gpus]

@@ -18,6 +18,7 @@ GPU_NAME = "NVIDIA A100-SXM4-80GB (simulated)"
 MEM_TOTAL_MIB = 81920.0
 POWER_IDLE_W, POWER_LIMIT_W = 55.0, 400.0
 AMBIENT_C = 30.0
+THERMAL_SLOWDOWN_C = 72.0
 
 
 @dataclass
@@ -37,6 +38,8 @@ class _Host:
     forced: bool | None = None  # set_active() overrides the schedule
     mem_total: float = 515_000.0
     pids: list[int] = field(default_factory=list)
+    run_started: float = 0.0  # when the current run began (its processes' age)
+    killed: set[int] = field(default_factory=set)  # pids signalled through kill(): gone until the next run
 
 
 class SimSource:
@@ -65,17 +68,29 @@ class SimSource:
         now = self._clock()
         return [self._step(i, h, now) for i, h in enumerate(self._hosts)]
 
+    def kill(self, host_name: str, pid: int, signal_name: str) -> tuple[bool, str]:
+        """Signal a simulated process: it leaves its GPU's process list until the next run."""
+        for host in self._hosts:
+            if host.name == host_name and pid in host.pids and pid not in host.killed:
+                host.killed.add(pid)
+                return True, f"SIG{signal_name} sent to pid {pid} on {host_name} (simulated)"
+        return False, f"kill refused: pid {pid} is not running on {host_name}"
+
     def close(self) -> None:
         pass
 
     def _step(self, i: int, host: _Host, now: float) -> HostSnapshot:
         rng = self._rng
         host.steps_left -= 1
+        was_active = self.is_active(i)
         if host.steps_left <= 0:
             host.active = not host.active
             host.steps_left = rng.randint(20, 60) if host.active else rng.randint(5, 20)
         active = self.is_active(i)
-        samples = tuple(self._gpu_step(index, gpu, active, host.pids[index]) for index, gpu in enumerate(host.gpus))
+        if active and (not was_active or not host.run_started):
+            host.run_started, host.killed = now, set()  # a new run: new processes
+        samples = tuple(self._gpu_step(index, gpu, active and host.pids[index] not in host.killed, host.pids[index],
+                                       now - host.run_started) for index, gpu in enumerate(host.gpus))
         cpu = (35.0 + 20.0 * rng.random()) if active else (1.0 + 4.0 * rng.random())
         mem_used = (48_000.0 if active else 9_000.0) + 2_000.0 * rng.random()
         return HostSnapshot(
@@ -93,7 +108,7 @@ class SimSource:
             driver="550.90.07 (simulated)",
         )
 
-    def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int) -> GpuSample:
+    def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int, running_s: float) -> GpuSample:
         rng = self._rng
         target = (90.0 + 9.0 * rng.random()) if active else 2.0 * rng.random()
         gpu.util += (target - gpu.util) * 0.5
@@ -103,7 +118,17 @@ class SimSource:
         gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
         gpu.temperature += (AMBIENT_C + 0.11 * gpu.power - gpu.temperature) * 0.15  # follows power, lagging
         busy = gpu.util > 5.0
-        processes = (GpuProcess(pid=pid, name="python -m gputui run", user="gputui", gpu_memory_mib=round(gpu.mem_used - 4.0)),) if active else ()
+        processes = (GpuProcess(pid=pid, name="python -m gputui run", user="gputui", gpu_memory_mib=round(gpu.mem_used - 4.0),
+                                sm_pct=round(gpu.util), cpu_pct=round(90.0 + gpu.util / 10.0, 1), rss_mib=3100.0 + 16 * index,
+                                running_s=round(max(0.0, running_s), 1)),) if active else ()
+        if not busy:
+            throttle: tuple[str, ...] = ("idle",)
+        elif gpu.power >= POWER_LIMIT_W * 0.97:
+            throttle = ("power-cap",)  # the board's power limit holds the clocks
+        elif gpu.temperature >= THERMAL_SLOWDOWN_C:
+            throttle = ("sw-thermal",)
+        else:
+            throttle = ()
         return GpuSample(
             index=index,
             name=GPU_NAME,
@@ -124,4 +149,5 @@ class SimSource:
             ecc_corrected=0,
             ecc_uncorrected=0,
             processes=processes,
+            throttle=throttle,
         )

@@ -22,7 +22,7 @@ from gputui.hosts import HostSpec
 from gputui.model.telemetry import HostSnapshot, HostState
 from gputui.sources.host import cpu_percent
 from gputui.sources.hostkeys import Failure, HostKeyPolicy, SshOptions, classify
-from gputui.sources.nvsmi import GPU_FIELDS, REQUIRED_GPU_FIELDS, parse_report, remote_command
+from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
 
 # paramiko logs failed handshakes at ERROR; without a handler Python would print them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -294,14 +294,15 @@ class SshHost:
 
     def _read_host(self) -> Any:
         """Run the poll command; drop --query-gpu fields this driver rejects (nvidia-smi names
-        one at a time; each is dropped once for good) and retry."""
-        for _ in range(len(GPU_FIELDS)):
+        one at a time; each is dropped once for good, or asked again under its older name,
+        e.g. clocks_throttle_reasons.active before R535) and retry."""
+        for _ in range(len(GPU_FIELDS) + len(OLDER_FIELD_NAMES)):
             _, out, err = self.run(remote_command(self._fields))
             reading = parse_report(out + ("\n" + err if "@@gputui" not in out else ""), self._fields)
-            rejected = set(reading.invalid_fields) - set(REQUIRED_GPU_FIELDS)
-            if not rejected:
+            fields = retry_fields(self._fields, reading.invalid_fields)
+            if fields == self._fields:
                 return reading
-            self._fields = tuple(f for f in self._fields if f not in rejected)
+            self._fields = fields
         return reading
 
 
