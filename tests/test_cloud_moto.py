@@ -17,9 +17,16 @@ from gputui.cloud.ec2 import Ec2Provider
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.lifecycle import key_pair_name
 
-from .moto_fixture import (DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, OWNER, REGION, SSH_CIDR, Aws, aws, cli,  # noqa: F401
-                           moto_server)
+from .moto_fixture import (DEAD_PROXY, DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, OWNER, REGION, SSH_CIDR, Aws, aws,  # noqa: F401
+                           cli, moto_server)
 from .proc_support import wait_until
+
+
+@pytest.fixture(autouse=True)
+def no_pricing_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto has no Pricing API (its server prints to stdout when asked): pricing calls meet a closed
+    loopback port instead, as with no network, and the shipped table stands in."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", DEAD_PROXY)
 
 
 @contextmanager
@@ -219,10 +226,12 @@ def test_prices_table_and_json(aws: Aws, capsys: pytest.CaptureFixture[str]) -> 
     assert [q["zone"] for q in data["quotes"]] == [f"{REGION}a", f"{REGION}b"]
     quote = data["quotes"][0]
     assert quote["spot_usd_per_hour"] > 0 and quote["on_demand_usd_per_hour"] == 0.526
+    # moto has no Pricing API: the shipped table stands in, and says so
+    assert quote["on_demand_source"] == "table 2024-06-01" and quote["spot_source"].startswith("api 20")
     assert quote["saving"] == pytest.approx(1 - quote["spot_usd_per_hour"] / 0.526, abs=1e-4)
     assert main(["cloud", "prices", "--profile", str(aws.profile), "--type", "p3.2xlarge"]) == 0
     out = capsys.readouterr().out
-    assert "p3.2xlarge" in out and "$3.0600" in out and "list 2024-06-01" in out
+    assert "p3.2xlarge" in out and "$3.0600" in out and "on-demand (table 2024-06-01)" in out
 
 
 def test_provider_lists_zones_and_resolves_ssm(aws: Aws) -> None:

@@ -280,7 +280,8 @@ def test_on_a_terminal_up_shows_the_price_and_asks_and_down_confirms(
     p = ["--profile", str(sim_profile)]
     assert main(["cloud", "up", "--no-guard", *p]) == 1  # declined
     err = capsys.readouterr().err
-    assert "1 x g4dn.xlarge: spot $" in err and "(on-demand $0.5260/h, saving" in err and "nothing launched" in err
+    assert "1 x g4dn.xlarge: spot $" in err and "/h (sim) in us-east-1" in err and "nothing launched" in err
+    assert "on-demand $0.5260/h (table 2024-06-01), saving" in err  # each price names its source
     assert asked[-1].startswith("Launch 1 x g4dn.xlarge at about $") and asked[-1].endswith("/h? [y/N] ")
     assert main(["cloud", "up", "--no-guard", *p]) == 0  # accepted
     assert main(["cloud", "down", "--all", *p]) == 1  # an empty answer is no

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputui.cloud.pricing import PriceBook, launch_rate, on_demand_label, on_demand_price, quotes
+from gputui.cloud.pricing import PriceBook, launch_rate, on_demand_note, on_demand_price, quotes
 from gputui.model.cloud import (BudgetStatus, InstanceRecord, PricePoint, PriceQuote, billed_seconds, committed_cost,
                                 energy_kwh, hours_left, integrate, metered_cost, price_at, projection)
 
@@ -84,7 +84,9 @@ def test_quotes_and_launch_rates() -> None:
     assert launch_rate(found[2], "spot", None) == 0.526
     assert launch_rate(found[2], "on-demand", None) == 0.526
     assert on_demand_price("x9.huge") is None and on_demand_price("x9.huge", 1.5) == 1.5
-    assert "2024" in on_demand_label("us-east-1", None) and on_demand_label("eu-west-1", 2.0) == "on-demand (profile)"
+    assert on_demand_price("g4dn.xlarge").source == "table 2024-06-01" and on_demand_price("x9.huge", 1.5).source == "profile"
+    assert "eu-west-1 may differ" in on_demand_note(on_demand_price("g4dn.xlarge"), "eu-west-1")
+    assert on_demand_note(on_demand_price("x9.huge", 1.5), "eu-west-1") is None
     assert PriceQuote("t", "z", 0.1, None).saving is None
 
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import os
+import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from gputui.cloud.pricing import OnDemandBook, SourcedPrice, api_source
 from gputui.cloud.provider import QUOTA_ERRORS, ZONE_ERRORS, CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError, UserError
@@ -26,6 +30,12 @@ CREDENTIAL_CODES = frozenset({
 })
 PERMISSION_CODES = frozenset({"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "OptInRequired", "Blocked"})
 Atom = tuple[str, Any, Any, str, str]  # protocol, from port, to port, "cidr"|"cidr6"|"group", value
+# Spot prices of plain Linux, filtered by EC2 (accounts from the EC2-Classic days, and moto, say "(Amazon VPC)").
+SPOT_PRODUCTS = ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"]
+# The Price List attributes of a plain Linux on-demand instance: shared tenancy, no
+# pre-installed software, a normal (not capacity-reservation) hour.
+ON_DEMAND_ATTRIBUTES = (("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
+                        ("capacitystatus", "Used"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,29 +104,69 @@ def parse_instance(raw: Mapping[str, Any]) -> InstanceInfo:
     )
 
 
+def pricing_region(region: str) -> str:
+    """Where to ask the Pricing API about an EC2 region: it answers only in us-east-1 and ap-south-1,
+    each for every region, so regions in Asia, the Middle East and Africa ask the nearer one."""
+    return "ap-south-1" if region.startswith(("ap-", "me-", "af-")) else "us-east-1"
+
+
+def parse_on_demand(price_list: Sequence[Any]) -> float | None:
+    """The hourly USD on-demand price in a get_products PriceList (JSON strings, one per product).
+
+    Plain RunInstances products are preferred over any other operation left by the filters;
+    zero prices and non-hourly units are skipped. None: no price there.
+    """
+    found: list[tuple[bool, float]] = []
+    for item in price_list:
+        product = json.loads(item) if isinstance(item, str) else item
+        attributes = (product.get("product") or {}).get("attributes") or {}
+        plain = attributes.get("operation", "RunInstances") == "RunInstances"
+        for term in ((product.get("terms") or {}).get("OnDemand") or {}).values():
+            for dimension in (term.get("priceDimensions") or {}).values():
+                try:
+                    usd = float((dimension.get("pricePerUnit") or {}).get("USD", "nan"))
+                except (TypeError, ValueError):
+                    continue
+                if dimension.get("unit") == "Hrs" and usd > 0:
+                    found.append((not plain, usd))
+    return min(found)[1] if found else None
+
+
 class Ec2Provider:
-    """CloudProvider on AWS EC2. Clients may be injected (botocore Stubber in tests)."""
+    """CloudProvider on AWS EC2. Clients may be injected (botocore Stubber in tests).
+
+    On-demand prices come from the Pricing API through an OnDemandBook (cached a day in
+    `price_cache`, default the user cache directory; the dated table when it cannot answer).
+    """
 
     name = "ec2"
 
-    def __init__(self, region: str, client: Any = None, ssm_client: Any = None) -> None:
+    def __init__(self, region: str, client: Any = None, ssm_client: Any = None, pricing_client: Any = None,
+                 price_cache: Path | None = None, clock: Callable[[], float] = time.time) -> None:
         self.region = region
         self._client = client
         self._ssm = ssm_client
+        self._pricing = pricing_client
+        self.clock = clock
+        self.on_demand_book = OnDemandBook(region, self._on_demand_usd, price_cache, clock)
 
-    def _make(self, service: str) -> Any:
+    def _make(self, service: str, region: str | None = None, quick: bool = False) -> Any:
         import boto3  # type: ignore[import-untyped]
         import botocore.session  # type: ignore[import-untyped]
         from botocore.config import Config  # type: ignore[import-untyped]
 
-        # Standard retries (3 attempts) unless the user configured their own (AWS_MAX_ATTEMPTS, ...).
-        retries = {} if os.environ.get("AWS_MAX_ATTEMPTS") else {"retries": {"max_attempts": 3, "mode": "standard"}}
-        config = Config(connect_timeout=5, read_timeout=30, user_agent_extra="gputui", **retries)
+        if quick:  # a lookup with a fallback: one try, short waits
+            options: dict[str, Any] = {"connect_timeout": 3, "read_timeout": 10, "retries": {"total_max_attempts": 1}}
+        else:  # standard retries (3 attempts) unless the user configured their own (AWS_MAX_ATTEMPTS, ...)
+            retries = {} if os.environ.get("AWS_MAX_ATTEMPTS") else {"retries": {"max_attempts": 3, "mode": "standard"}}
+            options = {"connect_timeout": 5, "read_timeout": 30, **retries}
+        config = Config(user_agent_extra="gputui", **options)
         with aws_errors(f"{service} client"):
             # A fresh session (credentials and endpoint read now) sharing the parsed service models.
             core = botocore.session.Session()
             core.register_component("data_loader", _shared_loader())
-            return boto3.session.Session(botocore_session=core, region_name=self.region).client(service, config=config)
+            session = boto3.session.Session(botocore_session=core, region_name=region or self.region)
+            return session.client(service, config=config)
 
     @property
     def ec2(self) -> Any:
@@ -130,6 +180,30 @@ class Ec2Provider:
             self._ssm = self._make("ssm")
         return self._ssm
 
+    @property
+    def pricing(self) -> Any:
+        if self._pricing is None:
+            self._pricing = self._make("pricing", pricing_region(self.region), quick=True)
+        return self._pricing
+
+    def _on_demand_usd(self, instance_type: str) -> float | None:
+        """Ask the Pricing API for the region's plain Linux on-demand price (raises on failure)."""
+        filters = [{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in
+                   (("instanceType", instance_type), ("regionCode", self.region), *ON_DEMAND_ATTRIBUTES)]
+        items: list[Any] = []
+        with aws_errors("pricing:GetProducts"):
+            pages = self.pricing.get_paginator("get_products").paginate(
+                ServiceCode="AmazonEC2", Filters=filters, FormatVersion="aws_v1")
+            for page in pages:
+                items += page.get("PriceList", [])
+        return parse_on_demand(items)
+
+    def on_demand_price(self, instance_type: str) -> SourcedPrice | None:
+        return self.on_demand_book.price(instance_type)
+
+    def spot_source(self) -> str:
+        return api_source(self.clock())
+
     def zones(self) -> list[str]:
         with aws_errors("ec2:DescribeAvailabilityZones"):
             reply = self.ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
@@ -140,7 +214,7 @@ class Ec2Provider:
         newest: dict[str, tuple[dt.datetime, float]] = {}
         with aws_errors("ec2:DescribeSpotPriceHistory"):
             pages = self.ec2.get_paginator("describe_spot_price_history").paginate(
-                InstanceTypes=[instance_type], StartTime=dt.datetime.now(dt.timezone.utc),
+                InstanceTypes=[instance_type], ProductDescriptions=SPOT_PRODUCTS, StartTime=dt.datetime.now(dt.timezone.utc),
             )
             for page in pages:
                 for item in page["SpotPriceHistory"]:

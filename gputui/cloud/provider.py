@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
+from gputui.cloud.pricing import SourcedPrice
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import InstanceInfo
 
@@ -73,6 +74,13 @@ class CloudProvider(Protocol):
 
     def spot_prices(self, instance_type: str, zones: Sequence[str]) -> dict[str, float]:
         """The current spot price ($/h) of `instance_type` per zone; zones without one are left out."""
+
+    def spot_source(self) -> str:
+        """Where spot_prices come from now, for every price shown: "api 2026-11-25", "sim"."""
+
+    def on_demand_price(self, instance_type: str) -> SourcedPrice | None:
+        """The region's on-demand $/h with its source ("api 2026-11-25"; "table 2024-06-01" when the
+        cloud cannot say), or None when nothing knows it. Never raises: pricing blocks no command."""
 
     def resolve_image(self, ami: str) -> str:
         """An AMI id from an id or 'ssm:<public parameter path>'."""

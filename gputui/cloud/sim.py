@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gputui.cloud.pricing import ON_DEMAND_USD
+from gputui.cloud.pricing import ON_DEMAND_USD, SourcedPrice, table_price
 from gputui.cloud.provider import CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.errors import UserError
 from gputui.model.cloud import InstanceInfo
@@ -131,6 +131,13 @@ class SimProvider:
         now = self.clock()
         with self._state("spot_prices"):
             return {z: self.spot_price(instance_type, z, now) for z in self.zones() if not zones or z in zones}
+
+    def spot_source(self) -> str:
+        return "sim"
+
+    def on_demand_price(self, instance_type: str) -> SourcedPrice | None:
+        """The simulation has no price API: the table, saying so."""
+        return table_price(instance_type)
 
     def resolve_image(self, ami: str) -> str:
         with self._state("resolve_image"):

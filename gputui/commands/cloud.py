@@ -104,11 +104,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise UserError(f"budget reached for cluster {ctx.cluster}: ${status.spent_usd:.4f} spent of ${s.budget_usd:.2f} "
                             f"(launching needs ${status.committed_usd:.4f} more); raise budget_usd in {s.source}")
         zone, market = plan.attempts[0]
-        on_demand = plan.quotes[0].on_demand if plan.quotes else None
-        saving = f", saving {1 - rate / on_demand:.0%}" if on_demand and market == "spot" else ""
-        view.say(f"{count} x {s.instance_type}: {market} {view.money(rate)}/h in {zone} "
-                 f"(on-demand {view.money(on_demand)}/h{saving}) = {view.money(rate * count)}/h; "
-                 f"budget {view.money(s.budget_usd, 2)}, {view.money(status.spent_usd)} spent")
+        view.say(f"{count} x {s.instance_type}: {view.launch_price_text(plan.quotes, zone, market)}; "
+                 f"{view.money(rate * count)}/h in all; budget {view.money(s.budget_usd, 2)}, {view.money(status.spent_usd)} spent")
         if not view.confirm(f"Launch {count} x {s.instance_type} at about {view.money(rate * count)}/h? [y/N] ",
                             args.yes, "gputui cloud up launches paid instances"):
             view.say("nothing launched")
@@ -226,7 +223,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
-    from gputui.cloud.pricing import on_demand_label, on_demand_price, quotes
+    from gputui.cloud.pricing import on_demand_note, on_demand_price, quotes, resolve_on_demand
     from gputui.commands import cloud_view as view
 
     ctx = context(args)
@@ -235,11 +232,14 @@ def cmd_prices(args: argparse.Namespace) -> int:
         instance_type = args.instance_type or s.instance_type
         override = s.on_demand_price if instance_type == s.instance_type else None
         zones = list(s.zones) or ctx.provider.zones()
-        found = quotes(ctx.price_source, instance_type, zones, on_demand_price(instance_type, override))
+        on_demand = resolve_on_demand(ctx.price_source, instance_type, on_demand_price(instance_type, override))
+        found = quotes(ctx.price_source, instance_type, zones, on_demand)
+        note = on_demand_note(on_demand, s.region)
         if args.json:
-            view.print_json({"region": s.region, "instance_type": instance_type, "quotes": view.quotes_json(found)})
+            view.print_json({"region": s.region, "instance_type": instance_type, "quotes": view.quotes_json(found),
+                             "on_demand_note": note})
         else:
-            view.quotes_table(found, f"{instance_type} in {s.region}, $/h now", on_demand_label(s.region, override))
+            view.quotes_table(found, f"{instance_type} in {s.region}, $/h now", note)
     return 0
 
 

@@ -113,14 +113,40 @@ def fleet_table(entries: Sequence[FleetEntry], now: float, region: str) -> None:
 
 
 def quotes_json(quotes: Sequence[PriceQuote]) -> list[dict[str, Any]]:
-    return [{"instance_type": q.instance_type, "zone": q.zone, "spot_usd_per_hour": q.spot,
-             "on_demand_usd_per_hour": q.on_demand, "saving": None if q.saving is None else round(q.saving, 4)}
+    return [{"instance_type": q.instance_type, "zone": q.zone, "spot_usd_per_hour": q.spot, "spot_source": q.spot_source,
+             "on_demand_usd_per_hour": q.on_demand, "on_demand_source": q.on_demand_source,
+             "saving": None if q.saving is None else round(q.saving, 4)}
             for q in quotes]
 
 
-def quotes_table(quotes: Sequence[PriceQuote], title: str, on_demand_label: str) -> None:
+def sourced(usd: float | None, source: str | None, digits: int = 4) -> str:
+    """A $/h figure with where it came from: "$1.1230/h (api 2026-11-25)"."""
+    return f"{money(usd, digits)}/h" + (f" ({source})" if source and usd is not None else "")
+
+
+def quotes_table(quotes: Sequence[PriceQuote], title: str, note: str | None = None) -> None:
+    """Spot next to on-demand per zone; each column names its source (all zones share one)."""
+    spot_source = next((q.spot_source for q in quotes if q.spot_source), None)
+    od_source = next((q.on_demand_source for q in quotes if q.on_demand_source), None)
     rows = [[q.zone, money(q.spot), money(q.on_demand), "n/a" if q.saving is None else f"{q.saving:.0%}"] for q in quotes]
-    print_table(title, ["zone", "$/h spot", f"$/h {on_demand_label}", "saving"], rows)
+    print_table(title, ["zone", "$/h spot" + (f" ({spot_source})" if spot_source else ""),
+                        "$/h on-demand" + (f" ({od_source})" if od_source else ""), "saving"], rows, note)
+
+
+def launch_price_text(quotes: Sequence[PriceQuote], zone: str, market: str) -> str:
+    """What one instance of a launch plan's first attempt costs, each figure with its source:
+    "spot $0.4012/h (api 2026-11-25) in eu-west-1a, on-demand $1.1230/h (api 2026-11-25), saving 64%"."""
+    from gputui.cloud.pricing import launch_price
+
+    quote = next((q for q in quotes if q.zone == zone), None)
+    rate, source = launch_price(quote, market, None)
+    on_demand, od_source = (quote.on_demand, quote.on_demand_source) if quote else (None, None)
+    text = f"{market} {sourced(rate, source)} in {zone}"
+    if market == "spot":
+        text += f", on-demand {sourced(on_demand, od_source)}"
+        if rate is not None and on_demand:
+            text += f", saving {1 - rate / on_demand:.0%}"
+    return text
 
 
 def spend_json(line: SpendLine, now: float) -> dict[str, Any]:

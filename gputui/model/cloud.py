@@ -56,7 +56,11 @@ class PriceQuote:
     instance_type: str
     zone: str
     spot: float | None  # None: no spot price known for this zone
-    on_demand: float | None  # None: not in the list-price table and not set in the profile
+    on_demand: float | None  # None: not from the Pricing API, not in the list-price table, not set in the profile
+    # Where each figure came from and when: "api 2026-11-25" (AWS's API, asked that day, UTC),
+    # "table 2024-06-01" (gputui's us-east-1 list), "profile", "sim"; None: not said (a test's source)
+    on_demand_source: str | None = None
+    spot_source: str | None = None
 
     @property
     def saving(self) -> float | None:
