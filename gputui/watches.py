@@ -1,0 +1,159 @@
+"""What `gputui monitor` watches besides GPUs: a training run's events file (`--run`) and
+the `[cloud]` cluster's spend in the cost ledger. Both only read; neither starts, stops nor
+changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gputui.alerts import CloudFacts, RunFacts
+from gputui.errors import UserError
+from gputui.model.text import clean
+
+ENDS = ("done", "interrupted", "error")
+_NON_FINITE_WORDS = ("nan", "non-finite", "not finite", "infinite", "non_finite", "nonfinite")
+
+
+def find_run(ref: str, home: Path | None = None) -> Path:
+    """The events file of `--run REF`: a run directory, a run id under the runs home, or `last`."""
+    from gputui.paths import runs_home
+
+    home = home if home is not None else runs_home()
+    if ref == "last":
+        found = sorted((p for p in home.iterdir() if (p / "events.jsonl").is_file()) if home.is_dir() else (),
+                       key=lambda p: ((p / "events.jsonl").stat().st_mtime, p.name))
+        if not found:
+            raise UserError(f"--run last: no run in {home} yet; start one with `gputui run`")
+        return found[-1] / "events.jsonl"
+    for path in (Path(ref).expanduser(), home / ref):
+        if path.is_file() and path.name.endswith(".jsonl"):
+            return path
+        if (path / "events.jsonl").is_file() or path.is_dir():  # a run directory (its first events may be to come)
+            return path / "events.jsonl"
+    raise UserError(f"--run {ref}: no such run (a run directory, a run id in {home}, or last)")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class RunWatch:
+    """Follows one run's events.jsonl: each `poll()` reads the lines added since the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self.facts = RunFacts()
+
+    def poll(self) -> RunFacts:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return self.facts
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()  # a line still being written
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(event, dict):
+                self.facts = fold(self.facts, event)
+        return self.facts
+
+
+def fold(facts: RunFacts, event: dict[str, Any]) -> RunFacts:
+    """The run's facts after one of its events (text from the file is cleaned)."""
+    from dataclasses import replace
+
+    kind = event.get("event")
+    when = _number(event.get("time"))
+    if kind == "start":
+        run_id = clean(str(event.get("run_id") or ""), 80) or None
+        same = run_id == facts.run_id and event.get("resumed_from_step") is not None
+        base = facts if same else RunFacts()
+        return replace(base, run_id=run_id, active=True, started=when, last_step=None if not same else facts.last_step,
+                       non_finite=None)
+    if kind == "step":
+        raw = event.get("loss")
+        loss = _number(raw)
+        bad = None
+        if loss is not None and not math.isfinite(loss):
+            bad = f"{loss} at step {event.get('step')}"
+        elif isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+            bad = f"{clean(raw, 20)} at step {event.get('step')}"
+        step = event.get("step")
+        return replace(facts, last_step=when if when is not None else time.time(),
+                       step=step if isinstance(step, int) else facts.step,
+                       loss=loss if loss is not None and math.isfinite(loss) else facts.loss,
+                       samples_per_s=_finite(event.get("samples_per_s"), facts.samples_per_s),
+                       non_finite=bad or facts.non_finite)
+    if kind in ("eval", "epoch"):
+        return replace(facts, test_acc=_finite(event.get("test_acc"), facts.test_acc))
+    if kind in ENDS:
+        said = " ".join(clean(str(event.get(k) or ""), 200) for k in ("reason", "message")).lower()
+        bad = facts.non_finite
+        if kind == "error" and any(word in said for word in _NON_FINITE_WORDS):
+            bad = bad or clean(str(event.get("message") or event.get("reason")), 200)
+        return replace(facts, active=False, non_finite=bad)
+    return facts
+
+
+def _finite(value: Any, default: float | None) -> float | None:
+    number = _number(value)
+    return number if number is not None and math.isfinite(number) else default
+
+
+class CloudWatch:
+    """The `[cloud]` cluster's spend, $/h and budget, read from the cost ledger (read-only:
+    unlike the dashboard's slave control, it never trips the budget guard)."""
+
+    def __init__(self, cluster: str, budget_usd: float, ledger_path: Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cluster = cluster
+        self.budget_usd = budget_usd
+        self.ledger_path = ledger_path
+        self.clock = clock
+
+    def poll(self) -> CloudFacts:
+        from gputui.cloud.ledger import Ledger
+        from gputui.errors import GputuiError
+        from gputui.model.cloud import committed_cost
+
+        now = self.clock()
+        try:
+            ledger = Ledger.existing(self.ledger_path)
+        except GputuiError:
+            ledger = None
+        if ledger is None:
+            return CloudFacts(self.cluster, self.budget_usd, 0.0, 0.0, 0.0)
+        with ledger:
+            records = ledger.instances(cluster=self.cluster)
+            spent = sum(r.cost(now) for r in records)
+            spent += sum(kwh * rate for _s, cluster, _r, _a, _b, kwh, rate in ledger.energy() if cluster == self.cluster)
+        running = [r for r in records if r.running]
+        committed = sum(committed_cost(r.launched, now, r.prices, 60.0) for r in running)
+        return CloudFacts(self.cluster, self.budget_usd, spent, committed, sum(r.hourly_price for r in running))
+
+
+def cloud_watch(profile_path: Path | None, profile: Any) -> CloudWatch | None:
+    """A CloudWatch for a profile with a `[cloud]` table (the cluster is named after the profile,
+    as the dashboard names it), else None."""
+    if profile is None or profile_path is None or "cloud" not in profile.tables:
+        return None
+    from gputui.cloud.settings import CLOUD_SECTION
+
+    table = profile.tables["cloud"]
+    budget = float(table.get("budget_usd", CLOUD_SECTION.fields["budget_usd"].default or 0.0))
+    return CloudWatch(profile_path.stem, budget)
