@@ -144,6 +144,7 @@ class NvmlSource:
         t0 = time.perf_counter()
         if not self._started:
             self._start()
+        self._host_procs.new_round()
         gpus = tuple(self._read_gpu(i, h) for i, h in enumerate(self._handles)) if self._nv is not None else ()
         self._host_procs.forget_except({p.pid for g in gpus for p in g.processes})
         cpu, used, total = self._host.sample()
@@ -385,36 +386,47 @@ class HostProcesses:
     """User, command line, CPU %, RSS and age of local processes, through psutil.
 
     The user and command are read once per process (a pid reused by a new process is a new
-    one); CPU % is the CPU time used since the previous reading at least MIN_CPU_WINDOW_S
-    old over the wall time since then, or, until there is one, since it started (as `ps`
-    gives it)."""
+    one), and a process on several GPUs is read once per poll; CPU % is the CPU time used
+    since the previous reading at least MIN_CPU_WINDOW_S old over the wall time since then,
+    or, until there is one, since it started (as `ps` gives it)."""
 
     def __init__(self) -> None:
-        self._known: dict[int, tuple[float, str | None, str | None, float, float]] = {}  # pid -> (created, user, command, cpu s, at)
+        self._known: dict[int, _Known] = {}
+        self._round: dict[int, _Seen] = {}
+
+    def new_round(self) -> None:
+        """A new poll: every process is read again."""
+        self._round = {}
 
     def read(self, pid: int) -> _Seen:
+        seen = self._round.get(pid)
+        if seen is None:
+            seen = self._round[pid] = self._read(pid)
+        return seen
+
+    def _read(self, pid: int) -> _Seen:
         try:
             import psutil
 
-            proc = psutil.Process(pid)
+            known = self._known.get(pid)
+            proc = known.proc if known is not None else psutil.Process(pid)
             with proc.oneshot():
                 created = proc.create_time()
+                if known is not None and known.created != created:  # the pid was reused
+                    known, proc = None, psutil.Process(pid)
+                    created = proc.create_time()
                 times = proc.cpu_times()
-                cpu = times.user + times.system
                 rss = proc.memory_info().rss / 2**20
-                now = time.time()
-                known = self._known.get(pid)
-                if known is None or known[0] != created:
-                    user = clean(proc.username())
+                if known is None:
                     command = clean(" ".join(proc.cmdline()) or proc.name(), MAX_COMMAND_CHARS) or None
-                    base_cpu, base_at = 0.0, created
-                else:
-                    _, user, command, base_cpu, base_at = known
-            wall = now - base_at
-            cpu_pct = max(0.0, 100.0 * (cpu - base_cpu) / wall) if wall > 0 else None
-            if known is None or known[0] != created or wall >= MIN_CPU_WINDOW_S:  # else keep the older base
-                self._known[pid] = (created, user, command, cpu, now)
-            return _Seen(user, command, cpu_pct, rss, max(0.0, now - created))
+                    known = _Known(proc, created, clean(proc.username()), command, 0.0, created)
+            cpu, now = times.user + times.system, time.time()
+            wall = now - known.base_at
+            cpu_pct = max(0.0, 100.0 * (cpu - known.base_cpu) / wall) if wall > 0 else None
+            if wall >= MIN_CPU_WINDOW_S or pid not in self._known:  # else keep the older base
+                known.base_cpu, known.base_at = cpu, now
+            self._known[pid] = known
+            return _Seen(known.user, known.command, cpu_pct, rss, max(0.0, now - created))
         except Exception:  # noqa: BLE001 - gone, or another user's: n/a
             self._known.pop(pid, None)
             return _Seen()
@@ -423,6 +435,16 @@ class HostProcesses:
         """Drop what is kept of processes no longer on any GPU."""
         for pid in [p for p in self._known if p not in pids]:
             del self._known[pid]
+
+
+@dataclass
+class _Known:
+    proc: Any  # psutil.Process, kept so that each poll reads only what changes
+    created: float
+    user: str | None
+    command: str | None
+    base_cpu: float  # CPU seconds at base_at (0 at the process's start)
+    base_at: float
 
 
 def _rate(before: int | None, after: int | None, elapsed: float) -> float | None:
