@@ -149,3 +149,28 @@ def test_replay_errors_name_the_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(UserError, match="no round"):
         ReplaySource(tmp_path / "empty.jsonl")
+
+
+def test_throttle_codes_text_and_slowdowns() -> None:
+    from gputui.model.telemetry import THROTTLE_CODES, throttle_codes, throttle_text
+
+    assert throttle_codes(0) == () and throttle_codes(0x1FF) == THROTTLE_CODES and throttle_codes(0x10000) == ()
+    assert throttle_codes(0x84) == ("power-cap", "hw-power-brake")
+    assert (throttle_text(None), throttle_text(()), throttle_text(("power-cap", "sw-thermal"))) == ("n/a", "-", "power-cap,sw-thermal")
+    assert not GpuSample(0, throttle=None).throttled and not GpuSample(0, throttle=()).throttled
+    assert not GpuSample(0, throttle=("idle", "app-clocks", "display-clocks")).throttled
+    assert all(GpuSample(0, throttle=(code,)).throttled for code in ("power-cap", "hw-slowdown", "sync-boost", "sw-thermal",
+                                                                      "hw-thermal", "hw-power-brake"))
+
+
+def test_new_fields_round_trip_and_old_documents_still_read() -> None:
+    from gputui.model.telemetry import GpuProcess
+
+    gpu = GpuSample(0, throttle=("power-cap",), processes=(GpuProcess(7, sm_pct=50.0, cpu_pct=99.5, rss_mib=10.0, running_s=3.0),))
+    doc = gpu.to_dict()
+    assert doc["throttle"] == ["power-cap"] and doc["processes"][0]["running_s"] == 3.0
+    assert GpuSample.from_dict(doc) == gpu
+    old = {"index": 1, "util_pct": 5.0, "processes": [{"pid": 3, "name": "x", "user": "u", "gpu_memory_mib": 1.0}]}
+    read = GpuSample.from_dict(old)
+    assert read.throttle is None and read.processes[0].cpu_pct is None and read.processes[0].pid == 3
+    assert GpuSample.from_dict({"index": 0, "throttle": "power-cap"}).throttle is None  # not a list: n/a
