@@ -57,7 +57,7 @@ RUN_SECTION = Section(
         "schedule": Field("str", "Learning-rate schedule.", None, choices=("onecycle", "cosine", "constant")),
         "warmup": Field("float", "onecycle: fraction of the steps spent rising to the peak.", None, minimum=0, maximum=1, exclusive_maximum=True),
         "evals_per_epoch": Field("int", "Test evaluations per epoch (the last one closes the epoch).", None, minimum=1, maximum=1000),
-        "seed": Field("int", "Random seed: same seed, same run.", 0, minimum=0, maximum=2**63 - 1),
+        "seed": Field("int", "Random seed: same seed, same run (0 to 2**32-1).", 0, minimum=0, maximum=2**32 - 1),
         "data": Field("str", "Directory holding the four MNIST-format IDX files (default: bundled MNIST).", None),
         "threads": Field("int", "CPU threads for torch (default: torch's choice).", None, minimum=1, maximum=1024),
     },

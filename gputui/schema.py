@@ -16,6 +16,13 @@ from typing import Any, Callable, Mapping
 from gputui.errors import UserError
 
 
+def _bound(value: float) -> str:
+    """A bound as written in a message: whole numbers in full (4294967295, not 4.29497e+09)."""
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e16):
+        return str(int(value))
+    return f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Field:
     """One key of a TOML table.
@@ -48,9 +55,9 @@ class Field:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         bounds = []
         if self.minimum is not None:
-            bounds.append((">" if self.exclusive_minimum else ">=") + f" {self.minimum:g}")
+            bounds.append((">" if self.exclusive_minimum else ">=") + f" {_bound(self.minimum)}")
         if self.maximum is not None:
-            bounds.append(("<" if self.exclusive_maximum else "<=") + f" {self.maximum:g}")
+            bounds.append(("<" if self.exclusive_maximum else "<=") + f" {_bound(self.maximum)}")
         return base + (" " + " and ".join(bounds) if bounds else "")
 
     def coerce(self, value: Any) -> Any:
