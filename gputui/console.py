@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol
 
+from gputui.events import typed
 from gputui.model.text import clean
 from gputui.runs import encode
 
@@ -35,10 +36,16 @@ class CollectView:
 
 
 class JsonView:
-    """`--json`: exactly one JSON line per event on stdout, nothing else there."""
+    """`--json`: exactly one JSON line per event on stdout, nothing else there. Events are
+    written as they came (relayed text included, escaped); a relayed number that is not
+    finite is written as null (gputui.events.typed), never as a line that is not JSON."""
 
     def show(self, event: dict[str, Any]) -> None:
-        sys.stdout.write(encode(event) + "\n")
+        try:
+            line = encode(event)
+        except ValueError:
+            line = encode(typed(event))
+        sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
     def close(self) -> None:
@@ -99,6 +106,7 @@ class ProgressView:
         self.epochs = 0
 
     def show(self, event: dict[str, Any]) -> None:
+        event = typed(event)
         kind = event.get("event")
         if kind == "start":
             self.epochs = _int(event.get("epochs")) or 0
@@ -136,6 +144,8 @@ class ProgressView:
                     f"test loss {_num(event.get('test_loss'), '.4f')}, test acc {_fmt_acc(event.get('test_acc'))} "
                     f"({_num(event.get('elapsed_s'), '.1f')} s training)"
                 ))
+        elif kind == "error":
+            self.close()  # the command prints the error's one line itself
         elif kind == "interrupted":
             self.close()
             self.console.print(_text(("interrupted", "yellow"), " (", (event.get("reason", ""), ""),

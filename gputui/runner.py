@@ -17,7 +17,7 @@ from typing import Any, Callable
 from gputui import runs
 from gputui.cluster.settings import cluster_profile, remember_cluster
 from gputui.console import View
-from gputui.errors import UserError
+from gputui.errors import GputuiError, UserError
 from gputui.paths import profiles_dir, runs_home
 from gputui.profiles import RunConfig, RunSettings, load_profile
 
@@ -95,6 +95,7 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
 
     from gputui.train.data import load_dataset
     from gputui.train.devices import resolve_device
+    from gputui.train.distributed import error_event
     from gputui.train.loop import StopFlag, Trainer
 
     device, why = resolve_device(cfg.device)
@@ -115,10 +116,13 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
     with _stop_on_signals(stop):
         data = load_dataset(Path(cfg.data) if cfg.data else None)
         log = runs.EventLog(run.events)
+        emit = _tee(log, view)
         try:
-            emit = _tee(log, view)
             trainer = Trainer(cfg, run, data, device, emit, stop, start_info=start_info)
             return trainer.train(resume=resume)
+        except GputuiError as exc:  # the run's last event says why it ended, as a DDP rank's does
+            emit(error_event(exc))
+            raise
         finally:
             log.close()
 
@@ -177,7 +181,6 @@ def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> N
     import sqlite3
 
     from gputui.cloud.ledger import Ledger
-    from gputui.errors import GputuiError
 
     try:
         with Ledger() as ledger:

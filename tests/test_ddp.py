@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from .conftest import json_lines, run_cli
@@ -21,6 +22,14 @@ def test_single_and_ddp_on_two_cpu_processes_agree(small_data: Path, tmp_path: P
     assert events[0]["event"] == "start"
     assert events[0]["strategy"] == "ddp" and events[0]["world_size"] == 2
     assert events[-1]["event"] == "done" and events[-1]["step"] == 8
+    # The same weights report the same loss: the mean over the whole world, not rank 0's half-batch.
+    alone = json_lines(single.stdout)
+    for kind, key in (("step", "loss"), ("step", "l1"), ("epoch", "train_loss")):
+        one = {e["step"]: e[key] for e in alone if e["event"] == kind}
+        two = {e["step"]: e[key] for e in events if e["event"] == kind}
+        assert one.keys() & two.keys(), (kind, one, two)
+        for step in one.keys() & two.keys():
+            assert two[step] == pytest.approx(one[step], rel=1e-4, abs=2e-5), (kind, key, step)
 
     a = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)
     b = torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)

@@ -178,8 +178,11 @@ def init_rank(cfg: Any, local_rank: int) -> Any:
 
 
 def error_event(exc: GputuiError) -> dict[str, Any]:
-    """The `error` event a rank emits before it exits with the error's code."""
-    return {"event": "error", "time": round(time.time(), 3), "message": str(exc), "exit_code": exc.exit_code}
+    """The `error` event a rank emits before it exits with the error's code (with the step,
+    reason and checkpoint of a run that diverged: gputui.train.loop.Diverged's `fields`)."""
+    from gputui import events
+
+    return events.make("error", message=str(exc), exit_code=exc.exit_code, **getattr(exc, "fields", {}))
 
 
 def leave_group() -> None:

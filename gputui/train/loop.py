@@ -6,46 +6,39 @@ contiguous slices of it as batches; evaluation runs in large batches. The same
 loop serves `single`, `dataparallel` and each `ddp` rank (rank r takes its share
 of every global batch, so the gradients DDP averages equal the single-process
 gradient of the whole batch).
+
+The loop only sequences: a `Step` (gputui.train.step) trains one batch, a `Meter`
+(gputui.train.meter) keeps the clock and the loss, gputui.events builds the events.
+A loss that is not finite ends the run: the last good state is put back and
+checkpointed (see `Trainer._check`), and `Diverged` is raised for the caller to report.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from gputui.errors import UserError
+from gputui import events
+from gputui.errors import GputuiError, UserError
 from gputui.profiles import RunConfig
 from gputui.runs import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset
-from gputui.train.devices import synchronize
+from gputui.train.meter import LastGood, Meter, Pace, eval_points, evaluate, step_event_interval
+from gputui.train.step import EagerStep, Schedule, Step, epoch_permutation, keep_freed_memory, make_optimizer, to_device
+from gputui.train.step import lr_at  # noqa: F401 - the loop's public names, as before the split
+
+__all__ = ["Diverged", "Dist", "StopFlag", "Trainer", "eval_points", "evaluate", "lr_at", "make_optimizer", "to_device",
+           "epoch_permutation", "STEP_EVENT_INTERVAL_S"]
 
 Emit = Callable[[dict[str, Any]], None]
-
-
-def _step_event_interval(default: float = 0.5) -> float:
-    """Seconds between step events: `default`, or GPUTUI_STEP_EVENT_INTERVAL (a test hook standing for a faster
-    or slower machine: the tests must not depend on how many step events an epoch gets)."""
-    text = os.environ.get("GPUTUI_STEP_EVENT_INTERVAL", "").strip()
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        return default
-    return value if math.isfinite(value) and value >= 0 else default
-
-
-STEP_EVENT_INTERVAL_S = _step_event_interval()  # read once; by default at most two step events a second
-EVAL_BATCH = 1000
-MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+STEP_EVENT_INTERVAL_S = step_event_interval()  # read once; by default a step event per 0.5 s of training
 
 
 @dataclass(frozen=True)
@@ -71,105 +64,20 @@ class StopFlag:
         return self._event.is_set()
 
 
-def keep_freed_memory() -> None:
-    """Ask glibc to keep freed blocks instead of unmapping them after every step.
+class Diverged(GputuiError):
+    """The loss stopped being finite; the last good state is checkpointed. `fields` go into
+    the `error` event (gputui.train.distributed.error_event)."""
 
-    The batch tensors here are a few MB each: above glibc's mmap threshold, so every
-    step would map fresh pages and fault them in (kernel time, worse in a VM). Keeping
-    them in the heap makes steps ~30% faster on a 2-core VM. A no-op off glibc.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 28)  # M_MMAP_THRESHOLD: 256 MiB
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: 1 GiB
-    except (OSError, AttributeError):
-        pass
-
-
-def lr_at(cfg: RunConfig, step: int, total: int) -> float:
-    """The learning rate for `step` (0-based) of `total`: a pure function, so resume is exact."""
-    if cfg.schedule == "constant" or total <= 1:
-        return cfg.lr
-    frac = step / (total - 1)
-    if cfg.schedule == "cosine":
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * frac))
-    # onecycle: linear rise from lr/25 to lr, then cosine down to lr/1e4 (as torch's OneCycleLR)
-    start, end = cfg.lr / 25, cfg.lr / 25 / 1e4
-    if cfg.warmup > 0 and frac < cfg.warmup:
-        return start + (cfg.lr - start) * frac / cfg.warmup
-    down = (frac - cfg.warmup) / (1 - cfg.warmup)
-    return end + (cfg.lr - end) * 0.5 * (1 + math.cos(math.pi * down))
-
-
-def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
-    """The shuffle of epoch `epoch`: a function of (seed, epoch) only, the same on every rank."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=gen)
-
-
-def eval_points(steps_per_epoch: int, evals: int) -> list[int]:
-    """Batch counts within an epoch after which to evaluate (the last is the epoch's end).
-
-    The evaluations are spread over the second half of the epoch (all of it when there is
-    one epoch's worth of evaluations or fewer), where accuracy is worth reading.
-    """
-    evals = max(1, min(evals, steps_per_epoch))
-    if evals == 1:
-        return [steps_per_epoch]
-    first = steps_per_epoch // 2
-    points = {first + round((steps_per_epoch - first) * k / evals) for k in range(1, evals + 1)}
-    return sorted(p for p in points if p > 0)
-
-
-def to_device(images: Any, labels: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (N, H, W) -> normalised float32 (N, 1, H, W) on `device`; labels -> int64."""
-    x = torch.from_numpy(images).to(device).unsqueeze(1).float()
-    x.div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)
-    # channels_last: oneDNN's convolution and pooling run 2-3x faster on it for 1-channel input.
-    x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.from_numpy(labels).to(device)
-    return x, y
-
-
-def make_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy in percent) over the whole split."""
-    model.eval()
-    loss = torch.zeros((), device=x.device, dtype=torch.float64)
-    correct = torch.zeros((), device=x.device, dtype=torch.int64)
-    for i in range(0, len(x), EVAL_BATCH):
-        out = model(x[i : i + EVAL_BATCH])
-        target = y[i : i + EVAL_BATCH]
-        loss += F.cross_entropy(out, target, reduction="sum").double()
-        correct += (out.argmax(1) == target).sum()
-    model.train()
-    return loss.item() / len(x), 100.0 * correct.item() / len(x)
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class Trainer:
     """Trains one run; emits events; checkpoints at every epoch and when stopped."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        run: RunDir,
-        data: Dataset,
-        device: torch.device,
-        emit: Emit,
-        stop: StopFlag,
-        dist: Dist | None = None,
-        start_info: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, cfg: RunConfig, run: RunDir, data: Dataset, device: torch.device, emit: Emit,
+                 stop: StopFlag, dist: Dist | None = None, start_info: dict[str, Any] | None = None) -> None:
         self.cfg, self.run, self.device, self.emit, self.stop, self.dist = cfg, run, device, emit, stop, dist
         self.start_info = start_info or {}
         world = dist.world if dist else 1
@@ -189,16 +97,16 @@ class Trainer:
         self.x, self.y = to_device(data.train_images, data.train_labels, device)
         self.test_x, self.test_y = to_device(data.test_images, data.test_labels, device)
         self.num_classes = data.num_classes
-        # Position and clocks (restored on resume).
+        self.step_fn: Step = EagerStep(self.model, self.net, self.optimizer, self.x, self.y, cfg.l1)
+        self.meter = Meter(device, world)
+        self.schedule = Schedule(cfg, self.total_steps, self.total_steps - 1)
+        # Position (restored on resume).
         self.epoch = 0  # 0-based epoch in progress
         self.batch = 0  # batches done within it
         self.step = 0  # global optimizer steps done
-        self.elapsed_s = 0.0  # training time, evaluation excluded, summed across resumes
-        self.eval_s = 0.0
         self.best_acc: float | None = None
         self.last_acc: float | None = None
-        self.epoch_loss_sum = 0.0
-        self.epoch_loss_count = 0
+        self.last_good = LastGood(self.state())  # where training begins is good (train() takes it again)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.dist is not None:
@@ -217,26 +125,25 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "step": self.step,
-            "steps_per_epoch": self.steps_per_epoch,
-            "elapsed_s": self.elapsed_s,
-            "eval_s": self.eval_s,
-            "best_acc": self.best_acc,
-            "last_acc": self.last_acc,
-            "epoch_loss_sum": self.epoch_loss_sum,
-            "epoch_loss_count": self.epoch_loss_count,
-            "num_classes": self.num_classes,
-            "torch_rng": torch.get_rng_state(),
-        }
+        s = self.schedule
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
+                "batch": self.batch, "step": self.step, "steps_per_epoch": self.steps_per_epoch,
+                "total_steps": self.total_steps, "best_acc": self.best_acc, "last_acc": self.last_acc,
+                **self.meter.state(), "num_classes": self.num_classes, "torch_rng": torch.get_rng_state(),
+                "schedule_total": s.total, "schedule_from_step": s.from_step, "schedule_from_lr": s.from_lr}
 
     def save(self) -> None:
         if self.is_leader:
             checkpoint.save(self.run.checkpoint, self.state())
+
+    def _apply(self, state: dict[str, Any]) -> None:
+        """Put a state (a checkpoint's, or a copy kept in memory) back into this trainer."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        for key in ("epoch", "batch", "step", "best_acc", "last_acc"):
+            setattr(self, key, state[key])
+        self.meter.load(state)
 
     def restore(self) -> None:
         shapes = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
@@ -247,183 +154,136 @@ class Trainer:
                 f"({state.get('steps_per_epoch')} steps per epoch, {state.get('num_classes')} classes)"
             )
         try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["torch_rng"])
+            self._apply(state)
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             raise UserError(f"{self.run.checkpoint}: does not fit this model ({str(exc).splitlines()[0][:160]})") from None
-        for key in ("epoch", "batch", "step", "elapsed_s", "eval_s", "best_acc", "last_acc"):
-            setattr(self, key, state[key])
-        self.epoch_loss_sum = state["epoch_loss_sum"]
-        self.epoch_loss_count = state["epoch_loss_count"]
+        last = int(state.get("total_steps", self.total_steps)) - 1  # the run's last step when it was saved
+        self.schedule = Schedule(self.cfg, int(state.get("schedule_total", last + 1)), last,
+                                 state.get("schedule_from_step"), float(state.get("schedule_from_lr", 0.0)))
+        self.schedule = self.schedule.extended(self.step, self.total_steps - 1)
 
     # -- the loop ----------------------------------------------------------------------------
-    def _stop_requested(self) -> bool:
+    def _poll(self, pace: Pace) -> tuple[bool, bool]:
+        """(stop requested, step event due by the timer), agreed by every rank: one collective a step."""
+        stop, due = self.stop.is_set(), pace.timer_due(self.meter)
         if self.dist is None:
-            return self.stop.is_set()
+            return stop, due
         import torch.distributed as tdist
 
-        flag = torch.tensor([1.0 if self.stop.is_set() else 0.0], device=self.device)
-        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        flags = torch.tensor([float(stop), float(due)], device=self.device)
+        tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
+        stop_f, due_f = flags.tolist()
+        return stop_f > 0, due_f > 0
 
     def _emit(self, event: str, **fields: Any) -> None:
         if self.is_leader:
-            self.emit({"event": event, "time": round(time.time(), 3), **fields})
+            self.emit(events.make(event, **fields))
 
-    def _evaluate(self) -> tuple[float, float, float]:
-        synchronize(self.device)
-        t0 = time.perf_counter()
+    def _check(self) -> None:
+        """Read the losses of the steps since the last read (the only host sync for them). One that
+        is not finite puts the last good state back, checkpoints it and raises Diverged."""
+        rows, bad = self.meter.collect(self.step_fn.take())
+        if bad is not None:
+            self._diverge(self.step - rows + 1 + bad, self.last_good.before(bad))
+        self.last_good.read(rows, self.state)
+
+    def _diverge(self, bad_step: int, keep: dict[str, Any]) -> None:
+        epoch = self.epoch + 1
+        self._apply(keep)
+        self.save()
+        if self.dist is not None:
+            import torch.distributed as tdist
+
+            tdist.barrier()  # no rank leaves before the checkpoint is written
+        raise Diverged(f"training diverged: the loss is not finite at step {bad_step} (epoch {epoch}); the last "
+                       f"good state (step {self.step}) is checkpointed in {self.run.checkpoint}",
+                       reason="nan", step=bad_step, epoch=epoch, checkpoint=str(self.run.checkpoint))
+
+    def _evaluate(self) -> dict[str, Any]:
+        """Evaluate on the test split (the clock is stopped) and the eval/epoch event's fields."""
+        t0 = time.perf_counter()  # the stopped clock has synchronized the device
         test_loss, test_acc = evaluate(self.model, self.test_x, self.test_y)
-        eval_time = time.perf_counter() - t0
-        self.eval_s += eval_time
+        self.meter.add_eval(time.perf_counter() - t0)
+        if not math.isfinite(test_loss):
+                self._diverge(self.step, self.last_good.before(0))
         self.last_acc = test_acc
         self.best_acc = test_acc if self.best_acc is None else max(self.best_acc, test_acc)
-        return test_loss, test_acc, eval_time
+        return dict(epoch=self.epoch + 1, step=self.step, test_loss=round(test_loss, 5), test_acc=round(test_acc, 2),
+                    elapsed_s=round(self.meter.elapsed_s, 3), eval_s=round(self.meter.eval_s, 3))
 
-    def _eval_fields(self) -> dict[str, Any]:
-        test_loss, test_acc, _ = self._evaluate()
-        return dict(
-            epoch=self.epoch + 1,
-            step=self.step,
-            test_loss=round(test_loss, 5),
-            test_acc=round(test_acc, 2),
-            elapsed_s=round(self.elapsed_s, 3),
-            eval_s=round(self.eval_s, 3),
-        )
+    def _report_step(self, pace: Pace) -> None:
+        self._check()
+        loss, l1, rate = self.meter.lap()
+        self._emit("step", epoch=self.epoch + 1, step=self.step, loss=None if loss is None else round(loss, 5),
+                   l1=None if l1 is None else round(l1, 6), samples_per_s=round(rate, 1),
+                   lr=self.schedule.at(self.step - 1), elapsed_s=round(self.meter.elapsed_s, 3))
+        pace.reported()
+
+    def _end_epoch(self) -> None:
+        """Fold the epoch's losses, evaluate, checkpoint: none of it training time."""
+        self._check()
+        self.meter.stop()
+        fields = self._evaluate()
+        train_loss, l1 = self.meter.end_epoch()
+        self.epoch += 1
+        self.batch = 0
+        self.save()
+        self.last_good.moved(self.state())
+        self._emit("epoch", train_loss=None if train_loss is None else round(train_loss, 5),
+                   l1=None if l1 is None else round(l1, 6), **fields)
+        self.meter.start()
+
+    def _interrupt(self) -> str:
+        self._check()  # the pending losses go into the checkpoint
+        self.meter.stop()
+        self.save()
+        self._emit("interrupted", reason=self.stop.reason, epoch=self.epoch + 1, step=self.step,
+                   elapsed_s=round(self.meter.elapsed_s, 3), checkpoint=str(self.run.checkpoint))
+        return "interrupted"
 
     def train(self, resume: bool = False) -> str:
-        """Run to the target epoch; return 'done' or 'interrupted'."""
+        """Run to the target epoch; return 'done' or 'interrupted'. A loss that is not finite
+        raises Diverged once the last good state is checkpointed."""
         cfg = self.cfg
         resumed_from = None
         if resume:
             self.restore()
             resumed_from = self.step
-        self._emit(
-            "start",
-            run_id=self.run.run_id,
-            model=cfg.model,
-            device=str(self.device),
-            strategy=cfg.strategy,
-            world_size=self.dist.world if self.dist else 1,
-            epochs=cfg.epochs,
-            batch_size=cfg.batch_size,
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-            train_samples=self.n,
-            test_samples=len(self.test_x),
-            num_classes=self.num_classes,
-            params=sum(p.numel() for p in self.model.parameters()),
-            seed=cfg.seed,
-            resumed_from_step=resumed_from,
-            run_dir=str(self.run.path),
-            **self.start_info,
-        )
+        self._emit("start", run_id=self.run.run_id, model=cfg.model, device=str(self.device), strategy=cfg.strategy,
+                   world_size=self.dist.world if self.dist else 1, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                   steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps, train_samples=self.n,
+                   test_samples=len(self.test_x), num_classes=self.num_classes,
+                   params=sum(p.numel() for p in self.model.parameters()), seed=cfg.seed,
+                   resumed_from_step=resumed_from, run_dir=str(self.run.path), step_impl=self.step_fn.impl,
+                   schedule_from_step=self.schedule.from_step, **self.start_info)
         world, rank = (self.dist.world, self.dist.rank) if self.dist else (1, 0)
         share = cfg.batch_size // world
-        l1 = cfg.l1
-        loss_acc = torch.zeros((), device=self.device)
-        loss_n = 0
-        last_event = time.perf_counter()
-        samples_since = 0
-        train_since = 0.0
-        first_step_event = True
-        synchronize(self.device)
-        t0 = time.perf_counter()
-
-        def clock() -> float:
-            nonlocal t0
-            synchronize(self.device)
-            now = time.perf_counter()
-            spent = now - t0
-            t0 = now
-            return spent
-
+        pace = Pace(self.steps_per_epoch, STEP_EVENT_INTERVAL_S)
+        self.last_good = LastGood(self.state())  # where this process began is good
+        self.meter.start()
         while self.epoch < cfg.epochs:
             perm = epoch_permutation(cfg.seed, self.epoch, self.n).to(self.device)
             points = set(eval_points(self.steps_per_epoch, cfg.evals_per_epoch))
             while self.batch < self.steps_per_epoch:
-                if self._stop_requested():
-                    spent = clock()
-                    self.elapsed_s += spent
-                    self.save()
-                    self._emit(
-                        "interrupted",
-                        reason=self.stop.reason,
-                        epoch=self.epoch + 1,
-                        step=self.step,
-                        elapsed_s=round(self.elapsed_s, 3),
-                        checkpoint=str(self.run.checkpoint),
-                    )
-                    return "interrupted"
+                stop, due = self._poll(pace)
+                if stop:
+                    return self._interrupt()
                 start = self.batch * cfg.batch_size + rank * share
-                idx = perm[start : start + share]
-                lr = lr_at(cfg, self.step, self.total_steps)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                out = self.net(self.x[idx])
-                loss = F.cross_entropy(out, self.y[idx])
-                if l1:
-                    loss = loss + l1 * nets.l1_penalty(self.model)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.optimizer.step()
-                loss_acc += loss.detach()
-                loss_n += 1
+                self.step_fn(self.step, perm[start : start + share], self.schedule.at(self.step))
                 self.batch += 1
                 self.step += 1
-                samples_since += cfg.batch_size
-                now = time.perf_counter()
-                if first_step_event or now - last_event >= STEP_EVENT_INTERVAL_S:
-                    spent = clock()
-                    self.elapsed_s += spent
-                    train_since += spent
-                    mean_loss = loss_acc.item() / loss_n
-                    self.epoch_loss_sum += mean_loss * loss_n
-                    self.epoch_loss_count += loss_n
-                    self._emit(
-                        "step",
-                        epoch=self.epoch + 1,
-                        step=self.step,
-                        loss=round(mean_loss, 5),
-                        samples_per_s=round(samples_since / max(train_since, 1e-9), 1),
-                        lr=lr,
-                        elapsed_s=round(self.elapsed_s, 3),
-                    )
-                    loss_acc.zero_()
-                    loss_n = 0
-                    samples_since = 0
-                    train_since = 0.0
-                    last_event = time.perf_counter()
-                    first_step_event = False
+                self.meter.count(cfg.batch_size)
+                if due or pace.due(self.batch):
+                    self._report_step(pace)
                 if self.batch in points and self.batch < self.steps_per_epoch:
-                    self.elapsed_s += clock()
-                    self._emit("eval", **self._eval_fields())
-                    clock()  # evaluation time is not training time
-                    last_event = time.perf_counter()
-            # End of the epoch: fold the pending losses in, evaluate, checkpoint.
-            self.elapsed_s += clock()
-            if loss_n:
-                self.epoch_loss_sum += loss_acc.item()
-                self.epoch_loss_count += loss_n
-                loss_acc.zero_()
-                loss_n = 0
-            fields = self._eval_fields()
-            train_loss = self.epoch_loss_sum / max(self.epoch_loss_count, 1)
-            self.epoch += 1
-            self.batch = 0
-            self.epoch_loss_sum, self.epoch_loss_count = 0.0, 0
-            self.save()
-            self._emit("epoch", train_loss=round(train_loss, 5), **fields)
-            clock()
-            last_event = time.perf_counter()
-        self._emit(
-            "done",
-            test_acc=None if self.last_acc is None else round(self.last_acc, 2),
-            best_acc=None if self.best_acc is None else round(self.best_acc, 2),
-            elapsed_s=round(self.elapsed_s, 3),
-            eval_s=round(self.eval_s, 3),
-            epochs=cfg.epochs,
-            step=self.step,
-        )
+                    self._check()  # a diverged run stops before its evaluation reads NaN
+                    self.meter.stop()
+                    self._emit("eval", **self._evaluate())
+                    self.meter.start()
+            self._end_epoch()
+        self.meter.stop()
+        self._emit("done", test_acc=None if self.last_acc is None else round(self.last_acc, 2),
+                   best_acc=None if self.best_acc is None else round(self.best_acc, 2),
+                   elapsed_s=round(self.meter.elapsed_s, 3), eval_s=round(self.meter.eval_s, 3), epochs=cfg.epochs,
+                   step=self.step)
         return "done"

@@ -1,0 +1,199 @@
+"""The trainer's parts: what it reports (loss, throughput, step events), how a resume with more
+epochs carries the learning rate on, what a loss that is not finite does, and seed bounds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gputui import runs
+from gputui.cli import main
+from gputui.errors import UserError
+from gputui.profiles import RunSettings, parse_profile
+from gputui.train import checkpoint, loop, nets
+from gputui.train.data import load_dataset
+from gputui.train.loop import StopFlag, Trainer, epoch_permutation, to_device
+from gputui.train.meter import MIN_STEP_EVENTS
+from gputui.train.step import Step, final_lr
+
+from .conftest import cli_env, json_lines, run_cli
+from .proc_support import Child
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Bit-exact CPU runs in this process (as --threads 1 gives a subprocess)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_trainer(data: Path, run_dir: Path, got: list[dict[str, Any]], stop: StopFlag | None = None,
+                 **settings: Any) -> Trainer:
+    cfg = RunSettings(data=str(data), device="cpu", **settings).resolve()
+    run = runs.RunDir(run_dir) if run_dir.exists() else runs.create(run_dir)
+    return Trainer(cfg, run, load_dataset(data), torch.device("cpu"), got.append, stop or StopFlag())
+
+
+class StopAfter:
+    """A Step that asks the run to stop once step `at` (1-based) is taken: a fault tied to a step."""
+
+    def __init__(self, inner: Step, at: int, stop: StopFlag) -> None:
+        self.inner, self.at, self.stop, self.impl = inner, at, stop, inner.impl
+
+    def __call__(self, step: int, idx: torch.Tensor, lr: float) -> None:
+        self.inner(step, idx, lr)
+        if step + 1 == self.at:
+            self.stop.set("test")
+
+    def take(self) -> torch.Tensor:
+        return self.inner.take()
+
+
+def of(got: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in got if e["event"] == kind]
+
+
+# -- what is reported ----------------------------------------------------------------------------
+
+def test_train_loss_is_the_cross_entropy_and_the_l1_term_is_apart(small_data: Path, tmp_path: Path) -> None:
+    got: list[dict[str, Any]] = []
+    trainer = make_trainer(small_data, tmp_path / "r", got, epochs=1, batch_size=64, seed=3)
+    torch.manual_seed(3)  # the trainer's own initial weights, rebuilt
+    model = nets.build("seed", (28, 28), 10).to(memory_format=torch.channels_last)
+    data = load_dataset(small_data)
+    x, y = to_device(data.train_images, data.train_labels, torch.device("cpu"))
+    idx = epoch_permutation(3, 0, len(x))[:64]
+    with torch.no_grad():
+        ce = F.cross_entropy(model(x[idx]), y[idx]).item()
+        l1 = trainer.cfg.l1 * nets.l1_penalty(model).item()
+    assert trainer.train() == "done"
+    first = of(got, "step")[0]
+    assert first["step"] == 1
+    assert first["loss"] == pytest.approx(ce, abs=2e-5)  # what test_loss measures, without the penalty
+    assert first["l1"] == pytest.approx(l1, rel=1e-3) and l1 > 1e-4
+    assert of(got, "start")[0]["step_impl"] == "eager"
+    epoch = of(got, "epoch")[0]
+    assert epoch["l1"] > 0 and epoch["train_loss"] < 3.0
+
+
+def test_step_events_are_frequent_and_their_rates_add_up(small_data: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # 32 steps an epoch, each epoch well under 0.5 s, 4 evaluations an epoch (whose time is not training).
+    batch = 16
+    assert main(["run", "--json", "--data", str(small_data), "--epochs", "6", "--batch-size", str(batch),
+                 "--evals-per-epoch", "4", "--device", "cpu", "--run-dir", str(tmp_path / "r")]) == 0
+    got = json_lines(capsys.readouterr().out)
+    steps, done = of(got, "step"), got[-1]
+    assert done["event"] == "done" and len(of(got, "eval")) == 6 * 3
+    for epoch in range(1, 7):
+        assert sum(e["epoch"] == epoch for e in steps) >= MIN_STEP_EVENTS, [e["step"] for e in steps]
+    # Each event's rate covers the training time since the previous one (elapsed_s counts training
+    # only), so rate x that time, summed, gives back the samples trained.
+    elapsed = [0.0] + [e["elapsed_s"] for e in steps]
+    spans = [b - a for a, b in zip(elapsed, elapsed[1:])]
+    weighted = sum(e["samples_per_s"] * s for e, s in zip(steps, spans)) / sum(spans)
+    overall = done["step"] * batch / done["elapsed_s"]
+    assert weighted == pytest.approx(overall, rel=0.10), (weighted, overall)
+    assert steps[-1]["step"] > 6 * 32 - 32 / MIN_STEP_EVENTS - 1  # the rates cover (almost) the whole run
+
+
+def test_an_interrupted_epoch_reports_the_same_train_loss(small_data: Path, tmp_path: Path, one_thread: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop, "STEP_EVENT_INTERVAL_S", 1e9)  # step events by position only: every 4th step
+    settings = dict(epochs=1, batch_size=16, seed=5)
+    whole: list[dict[str, Any]] = []
+    assert make_trainer(small_data, tmp_path / "whole", whole, **settings).train() == "done"
+
+    parts: list[dict[str, Any]] = []
+    stop = StopFlag()
+    trainer = make_trainer(small_data, tmp_path / "parts", parts, stop, **settings)
+    trainer.step_fn = StopAfter(trainer.step_fn, 10, stop)  # steps 9 and 10 are read by no step event
+    assert trainer.train() == "interrupted"
+    assert of(parts, "interrupted")[0]["step"] == 10 and of(parts, "step")[-1]["step"] == 8
+    assert make_trainer(small_data, tmp_path / "parts", parts, **settings).train(resume=True) == "done"
+    a, b = of(whole, "epoch")[0], of(parts, "epoch")[0]
+    assert (b["train_loss"], b["l1"]) == (a["train_loss"], a["l1"])
+
+
+# -- schedules that extend smoothly ----------------------------------------------------------------
+
+def test_resume_with_more_epochs_carries_the_learning_rate_on(small_data: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop, "STEP_EVENT_INTERVAL_S", 0.0)  # a step event (and its lr) every step
+    got: list[dict[str, Any]] = []
+    stop = StopFlag()
+    trainer = make_trainer(small_data, tmp_path / "r", got, stop, epochs=2, batch_size=16)  # 64 steps, onecycle
+    trainer.step_fn = StopAfter(trainer.step_fn, 40, stop)
+    assert trainer.train() == "interrupted"
+    before = {e["step"]: e["lr"] for e in of(got, "step")}
+
+    again: list[dict[str, Any]] = []
+    resumed = make_trainer(small_data, tmp_path / "r", again, epochs=4, batch_size=16)  # now 128 steps
+    assert resumed.train(resume=True) == "done"
+    after = {e["step"]: e["lr"] for e in of(again, "step")}
+    assert of(again, "start")[0]["schedule_from_step"] == 40
+    assert after[41] == pytest.approx(before[40], rel=0.01)  # no jump at the resume step
+    rates = [after[s] for s in sorted(after)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))  # then down, smoothly, to where the schedule ends
+    assert rates[-1] == pytest.approx(final_lr(resumed.cfg), rel=1e-6)
+    assert max(a - b for a, b in zip(rates, rates[1:])) < 0.03 * before[40]  # a cosine over 88 steps
+
+
+# -- a loss that is not finite -----------------------------------------------------------------------
+
+def nan_run(data: Path, tmp_path: Path, *extra: str) -> tuple[Child, Path]:
+    """A run whose step 44 (in epoch 2 of 32 steps each) has a NaN loss (the test hook)."""
+    run_dir = tmp_path / "r"
+    argv = [sys.executable, "-m", "gputui", "run", "--json", "--data", str(data), "--epochs", "2",
+            "--batch-size", "16", "--device", "cpu", "--run-dir", str(run_dir), *extra]
+    child = Child(argv, env=cli_env(GPUTUI_TEST_NAN_AT_STEP="44"), name="gputui run (NaN at step 44)")
+    return child, run_dir
+
+
+@pytest.mark.parametrize("strategy", [[], ["--strategy", "ddp", "--nproc", "2"]], ids=["single", "ddp"])
+def test_a_nan_loss_ends_the_run_with_an_error_and_a_checkpoint_that_resumes(
+        small_data: Path, tmp_path: Path, strategy: list[str]) -> None:
+    child, run_dir = nan_run(small_data, tmp_path, *strategy)
+    with child:
+        code = child.finish(240, "the run to end on its NaN loss")
+    err = child.stderr
+    assert code == 1, err
+    assert len(err.strip().splitlines()) == 1 and "diverged" in err and "Traceback" not in err, err
+    error = child.events[-1]
+    assert error["event"] == "error" and error["reason"] == "nan" and error["step"] == 44, child.kinds()
+    assert error["exit_code"] == 1 and error["checkpoint"] == str(run_dir / "ckpt.pt")
+    state = checkpoint.load(run_dir / "ckpt.pt")
+    assert 32 <= state["step"] < 44  # the last good state: after epoch 1's checkpoint, before the bad step
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+    resumed = run_cli("run", "--json", "--resume", str(run_dir))  # without the hook: it trains on
+    assert resumed.returncode == 0, resumed.stderr
+    events = json_lines(resumed.stdout)
+    assert events[0]["resumed_from_step"] == state["step"] and events[-1]["event"] == "done"
+    assert events[-1]["step"] == 64
+
+
+# -- seeds --------------------------------------------------------------------------------------------
+
+def test_seeds_are_bounded_with_a_one_line_error(small_data: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--data", str(small_data), "--seed", str(2**32), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err == "gputui: error: --seed 4294967296: expected a whole number >= 0 and <= 4294967295\n"
+    with pytest.raises(UserError, match=r"p.toml:2: \[run\] seed: expected a whole number >= 0 and <= 4294967295"):
+        parse_profile(f"[run]\nseed = {2**62}\n", Path("p.toml"))
+
+
+@pytest.mark.parametrize("seed", [0, 2**32 - 1, 2**62])
+def test_epoch_permutation_takes_any_seed(seed: int) -> None:
+    perm = epoch_permutation(seed, 11, 50)
+    assert sorted(perm.tolist()) == list(range(50))
+    assert torch.equal(perm, epoch_permutation(seed, 11, 50))
+    assert not torch.equal(perm, epoch_permutation(seed, 12, 50))
