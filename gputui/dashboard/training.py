@@ -4,28 +4,16 @@ frozen state (progress, rates, ETA, best accuracy, the loss and accuracy curves)
 
 from __future__ import annotations
 
-import math
 import signal
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from gputui.events import typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
 
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
 ACTIVE = ("starting", "running", "stopping")
-# An event's numbers; a cluster run relays them from slaves, so anything else there is None.
-NUMBERS = ("world_size", "epochs", "batch_size", "steps_per_epoch", "total_steps", "resumed_from_step", "epoch", "step",
-           "loss", "samples_per_s", "elapsed_s", "test_acc", "best_acc", "train_loss", "test_loss", "eval_s")
-
-
-def typed(event: Mapping[str, Any]) -> dict[str, Any]:
-    """The event with each number that is not a finite number (text, NaN, a bool) as None."""
-    out = dict(event)
-    for key in NUMBERS:
-        value = out.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-            out[key] = None
-    return out
+ENDED = ("done", "interrupted")  # a run that said so; a later `error` (e.g. from a teardown) does not undo it
 
 
 def _capped(points: tuple[tuple[float, float], ...], point: tuple[float, float]) -> tuple[tuple[float, float], ...]:
@@ -121,6 +109,11 @@ class TrainingState:
         if kind == "done":
             return replace(self, status="done", step=event.get("step", self.step), best_acc=event.get("best_acc", self.best_acc),
                            test_acc=event.get("test_acc", self.test_acc), elapsed_s=event.get("elapsed_s", self.elapsed_s))
+        if kind == "error" and self.status not in ENDED:
+            message = event.get("message")
+            code = event.get("exit_code")
+            return replace(self, status="failed", error=str(message) if message is not None else "the run failed",
+                           exit_code=code if isinstance(code, int) else self.exit_code)
         return self
 
     def replay(self, events: Iterable[Mapping[str, Any]]) -> "TrainingState":
@@ -136,7 +129,9 @@ class TrainingState:
         Stopped (SIGTERM) before the trainer caught signals, a run ends with -15 and no
         checkpoint: that is "stopped", not a failure.
         """
-        if self.status in ("done", "interrupted") and code == 0:
+        if self.status in ENDED and code == 0:
+            return replace(self, exit_code=code)
+        if self.status == "failed" and self.error:  # the run's `error` event said why, better than stderr's last line
             return replace(self, exit_code=code)
         if stop_requested and code in (0, -signal.SIGTERM):
             return replace(self, status="interrupted" if code == 0 else "stopped", exit_code=code)
@@ -159,4 +154,6 @@ def event_line(event: Mapping[str, Any]) -> str | None:
         return f"run interrupted ({event.get('reason')}) at step {event.get('step')}; checkpoint {event.get('checkpoint')}"
     if kind == "done":
         return f"run done: test acc {fmt(event.get('test_acc'), '%', 2)}, best {fmt(event.get('best_acc'), '%', 2)}"
+    if kind == "error":
+        return f"run failed: {event.get('message')}"
     return None

@@ -35,7 +35,8 @@ def post_events(events: Iterable[dict[str, Any]], post: Callable[[Message], Any]
         post(TrainingUpdate(state, generation))
         line = event_line(event)
         if line:
-            post(TrainingLine(line, "warning" if event.get("event") == "interrupted" else "information", generation))
+            severity = {"interrupted": "warning", "error": "error"}.get(str(event.get("event")), "information")
+            post(TrainingLine(line, severity, generation))
     return state
 
 
@@ -94,14 +95,15 @@ class TrainingActions(DashboardBase):
 
     def on_training_line(self, message: TrainingLine) -> None:
         if message.generation == self.generation:
-            self.say(message.text, message.severity)
+            self.say(message.text, message.severity, notify=message.severity == "error")
 
     def on_training_exited(self, message: TrainingExited) -> None:
         if message.generation != self.generation:
             return
         stopped = self.child is not None and self.child.stop_requested
+        said = self.training.status == "failed"  # its `error` event is in the log already
         self.training = self.training.exited(message.code, message.error, stopped)
-        if self.training.status == "failed":
+        if self.training.status == "failed" and not said:
             self.say(f"run failed (exit {message.code}): {self.training.error}", "error", notify=True)
         if self.feed is not None:
             self.feed.training(False)
