@@ -118,5 +118,6 @@ def wait_no_leftovers(*markers: str, timeout: float = 30.0) -> list[str]:
 
 
 def remote_run_dirs(run_id: str, *servers: Sshd) -> list[str]:
-    """Where the nodes keep a run (their processes name it)."""
-    return [str(server.home / ".gputui-cluster" / "runs" / run_id) for server in servers if server.home is not None]
+    """Where the nodes keep a run (their processes name it): `runs/<run id>-<nonce>` there."""
+    return [str(path) for server in servers if server.home is not None
+            for path in sorted((server.home / ".gputui-cluster" / "runs").glob(f"{run_id}-*"))]

@@ -89,8 +89,8 @@ def test_two_nodes_train_to_the_same_weights_as_one_process(
     init = nets.build("seed", (28, 28), 10).state_dict()
     assert any(not torch.allclose(init[k], a["model"][k]) for k in init)  # it really trained
     # The slave's own copy (every node's local rank 0 keeps one) agrees.
-    remote = node.home / ".gputui-cluster" / "runs" / "multi" / "ckpt.pt"  # type: ignore[operator]
-    torch.testing.assert_close(torch.load(remote, weights_only=True)["model"], b["model"])
+    (remote,) = remote_run_dirs("multi", node)  # runs/multi-<nonce>
+    torch.testing.assert_close(torch.load(Path(remote) / "ckpt.pt", weights_only=True)["model"], b["model"])
     # The slave's venv imports the installed wheel, not this source tree.
     venv_py = node.home / ".gputui-cluster" / "venv" / "bin" / "python"  # type: ignore[operator]
     where = subprocess.run([str(venv_py), "-c", "import gputui; print(gputui.__file__)"], capture_output=True,

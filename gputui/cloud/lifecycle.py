@@ -108,11 +108,15 @@ def plan_launch(ctx: CloudContext, count: int, resolver: Resolver = lookup_publi
     return plan
 
 
-def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt], None] = lambda a: None) -> UpResult:
+def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt], None] = lambda a: None,
+           started: Callable[[list[InstanceInfo]], None] = lambda infos: None,
+           proceed: Callable[[], None] = lambda: None) -> UpResult:
     """Key pair, security group, then spot (or on-demand) launches until `plan.count` are started.
 
-    Each started instance is in the ledger before anything else happens, so nothing
-    launched can be forgotten. Each attempt is reported, failed or not.
+    Each started instance is in the ledger, and handed to `started`, before anything else
+    happens, so nothing launched can be forgotten (not even when a later attempt or the
+    wait for it to run fails). Each attempt is reported, failed or not. `proceed` is called
+    before each attempt: raising there ends the launches (a stop request).
     """
     s, p = ctx.settings, ctx.provider
     tags = instance_tags(ctx.cluster, ctx.owner)
@@ -126,23 +130,25 @@ def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt]
             break
         if lifecycle == "spot" and spot_quota_hit:
             continue
+        proceed()
         request = LaunchRequest(s.instance_type, remaining, zone, lifecycle, image, key_name, group,
                                 s.max_price if lifecycle == "spot" else None, tags)
         try:
-            started = p.launch(request)
+            started_now = p.launch(request)
         except CapacityError as exc:
             spot_quota_hit = spot_quota_hit or (exc.account_wide and lifecycle == "spot")
             attempt = LaunchAttempt(zone, lifecycle, remaining, 0, exc.code, exc.message)
         else:
             rate = plan.rate(zone, lifecycle, s.max_price) or 0.0
-            for info in started:
+            for info in started_now:
                 ctx.ledger.record_launch(info, p.name, p.region, ctx.cluster, ctx.owner, rate)
                 result.rates[info.instance_id] = rate
+            started(list(started_now))
             ctx.record([ctx.event("launched", f"{i.instance_id} {i.instance_type} {lifecycle} in {zone} at ${rate:.4f}/h",
-                                  i.instance_id) for i in started])
-            result.instances += started
-            remaining -= len(started)
-            attempt = LaunchAttempt(zone, lifecycle, request.count, len(started))
+                                  i.instance_id) for i in started_now])
+            result.instances += started_now
+            remaining -= len(started_now)
+            attempt = LaunchAttempt(zone, lifecycle, request.count, len(started_now))
         result.attempts.append(attempt)
         report(attempt)
     return result

@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gputui import __version__
 from gputui.cluster.sshnode import SlaveConnection, quote_path, sh
@@ -108,8 +108,9 @@ class Bootstrapped:
     def venv_python(self) -> str:
         return f"{self.base}/venv/bin/python"
 
-    def run_dir(self, run_id: str) -> str:
-        return f"{self.base}/runs/{run_id}"
+    def run_dir(self, name: str) -> str:
+        """A run's directory here (`name`: the run's slave name, gputui.cluster.identity)."""
+        return f"{self.base}/runs/{name}"
 
     @property
     def home(self) -> str:
@@ -173,8 +174,9 @@ class Bootstrapper:
         return {"gputui": __version__, "wheel": self.wheel.source_hash, "python": probe.get("executable"),
                 "site": probe.get("site"), "torch": probe.get("torch"), "master_torch": self.master_torch}
 
-    def bootstrap(self, conn: SlaveConnection) -> Bootstrapped:
-        """Make `conn`'s slave ready; a few round trips when it already is."""
+    def bootstrap(self, conn: SlaveConnection, check: Callable[[], None] = lambda: None) -> Bootstrapped:
+        """Make `conn`'s slave ready; a few round trips when it already is. `check` runs
+        between the steps (a stop request raises there)."""
         t0 = time.perf_counter()
         base, marker = self._look(conn)
         if (marker.get("gputui") == __version__ and marker.get("wheel") == self.wheel.source_hash
@@ -183,12 +185,15 @@ class Bootstrapper:
             return Bootstrapped(conn.name, base, marker["python"], marker["torch"],
                                 f"{base}/data/{self.dataset.digest}", True, time.perf_counter() - t0)
         steps: list[str] = []
+        check()
         probe = self._probe(conn)
         check_compatible(conn.name, self.python, probe, self.master_torch)
         wanted = self.wanted_marker(probe)
         same_install = all(marker.get(k) == v for k, v in wanted.items()) and marker.get("venv_ok")
         if not same_install:
+            check()
             self._install(conn, base, probe, steps)
+        check()
         data_dir = self._copy_dataset(conn, base, steps)
         datasets = sorted(set(marker.get("datasets", ())) | {self.dataset.digest}) if same_install else [self.dataset.digest]
         conn.put_text(json.dumps({**wanted, "venv_ok": True, "datasets": datasets}), f"{base}/{MARKER}")

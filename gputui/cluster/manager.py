@@ -13,7 +13,7 @@ Time is injectable (the CloudContext's clock), so tests drive it by hand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 IDLE_UTIL_PCT = 5.0
 # utilisation of a slave's GPUs in percent (the busiest), None when unknown
 Utilisation = Callable[[InstanceInfo], "float | None"]
+# told about the instances of each launch the moment it returns (before the wait for them to run)
+Started = Callable[[Sequence[InstanceInfo]], None]
+# a sleep for the waits of a bring-up: a stop-aware one raises to end the wait (sleep(0) checks only)
+Sleep = Callable[[float], None]
 
 
 @dataclass(frozen=True)
@@ -69,16 +73,19 @@ class SlaveManager:
         self.resolver = resolver
         self.guard = BudgetGuard(ctx, interval_s=60.0)
 
-    def connect(self, slave: CloudSlave, wait_s: float) -> "SlaveConnection":
+    def connect(self, slave: CloudSlave, wait_s: float, sleep: Sleep | None = None) -> "SlaveConnection":
         """SSH to a cloud slave, its host key first learnt from its console output and pinned
-        (unless [cloud] trust_on_first_use): a key the network substitutes is refused."""
+        (unless [cloud] trust_on_first_use): a key the network substitutes is refused.
+        `sleep` paces the waits (a stop-aware one ends them)."""
         from gputui.cluster.sshnode import SlaveConnection
 
         if not slave.spec.trust_on_first_use:
-            self.pin_host_key(slave, wait_s)
-        return SlaveConnection(slave.spec).open_or_raise(wait_s)
+            self.pin_host_key(slave, wait_s, sleep)
+        if sleep is None:
+            return SlaveConnection(slave.spec).open_or_raise(wait_s)
+        return SlaveConnection(slave.spec).open_or_raise(wait_s, sleep=sleep)
 
-    def pin_host_key(self, slave: CloudSlave, wait_s: float) -> list[str]:
+    def pin_host_key(self, slave: CloudSlave, wait_s: float, sleep: Sleep | None = None) -> list[str]:
         """Wait (up to `wait_s`, on the context's clock) for the host keys on the slave's console;
         make them the only ones gputui knows for its address. The keys pinned."""
         from gputui.sources.hostkeys import SshOptions, known_name, pin_host_keys
@@ -94,7 +101,7 @@ class SlaveManager:
                 raise GputuiError(f"cloud slave {slave.instance_id}: no SSH host key in its console output after "
                                   f"{wait_s:g} s (cloud-init prints them at boot); use an image with cloud-init, or set "
                                   f"[cloud] trust_on_first_use = true in {self.settings.source} to accept the first key")
-            self.ctx.sleep(min(delay, left))
+            (sleep or self.ctx.sleep)(min(delay, left))
             delay = min(delay * 1.5, 15.0)
         spec = slave.spec
         pin_host_keys(SshOptions().gputui_known_hosts_path(), known_name(spec.address, spec.port or 22), keys)
@@ -109,18 +116,20 @@ class SlaveManager:
         ids = [r.instance_id for r in self.ctx.ledger.instances(p.name, p.region, cluster=self.ctx.cluster, running=True)]
         return [i for i in p.describe(ids) if i.state == "running" and i.public_ip] if ids else []
 
-    def ensure(self, count: int, minimum: int = 0) -> list[CloudSlave]:
+    def ensure(self, count: int, minimum: int = 0, started: Started = lambda infos: None,
+               sleep: Sleep | None = None) -> list[CloudSlave]:
         """`count` running slaves: reuse those up, start the rest (budget permitting).
 
         Fewer than `count` (but at least `minimum`) when the budget or the cloud's capacity
-        stops the launches; a GputuiError below `minimum`.
+        stops the launches; a GputuiError below `minimum`. `started` hears of every instance
+        launched as its launch returns, so a caller can release them whatever fails after.
         """
         have = self.up()[:count]
         slaves = [CloudSlave(i.instance_id, self.host_spec(i), False) for i in have]
         missing = count - len(slaves)
         if missing > 0:
-            started = self._start(missing)
-            slaves += [CloudSlave(i.instance_id, self.host_spec(i), True) for i in started]
+            new = self._start(missing, started, sleep)
+            slaves += [CloudSlave(i.instance_id, self.host_spec(i), True) for i in new]
         if len(slaves) < minimum:
             self.release([s.instance_id for s in slaves if s.started_here])
             raise GputuiError(f"cluster {self.ctx.cluster}: only {len(slaves)} of the {minimum} cloud slave(s) "
@@ -144,18 +153,21 @@ class SlaveManager:
         extra = count * plan_rate * max(self.guard.interval_s, 60.0) / 3600.0
         return status.spent_usd + status.committed_usd + extra < status.budget_usd
 
-    def _start(self, count: int) -> list[InstanceInfo]:
+    def _start(self, count: int, started: Started = lambda infos: None, sleep: Sleep | None = None) -> list[InstanceInfo]:
         if not self.budget_allows(count):
             self._record("budget_refused", f"not starting {count} slave(s): the budget of "
                          f"${self.ctx.settings.budget_usd:.2f} is spent or committed")
             return []
         plan = plan_launch(self.ctx, count, **({"resolver": self.resolver} if self.resolver else {}))
-        result: UpResult = wait_running(self.ctx, launch(self.ctx, plan))
-        started = [i for i in result.instances if i.state == "running" and i.public_ip]
-        self._record("on_demand_start", f"started {len(started)} of {count} missing slave(s) for a run")
-        return started
+        ctx = self.ctx if sleep is None else replace(self.ctx, sleep=sleep)
+        launched = launch(ctx, plan, started=started, proceed=lambda: sleep(0) if sleep is not None else None)
+        result: UpResult = wait_running(ctx, launched)
+        running = [i for i in result.instances if i.state == "running" and i.public_ip]
+        self._record("on_demand_start", f"started {len(running)} of {count} missing slave(s) for a run")
+        return running
 
-    def replace(self, instance_id: str) -> CloudSlave | None:
+    def replace(self, instance_id: str, started: Started = lambda infos: None,
+                sleep: Sleep | None = None) -> CloudSlave | None:
         """A slave was lost mid-run: close its record (interrupted or not) and start another."""
         found = self.ctx.provider.describe([instance_id])
         info = found[0] if found else None
@@ -168,11 +180,11 @@ class SlaveManager:
         else:  # alive but unusable (its trainer died, SSH broke): do not pay for it any longer
             terminate(self.ctx, [info], ended_by="replaced")
         self.store.forget(instance_id)
-        started = self._start(1)
-        if not started:
+        new = self._start(1, started, sleep)
+        if not new:
             return None
-        self.store.mark_busy(started[0].instance_id, self.ctx.cluster, now)
-        return CloudSlave(started[0].instance_id, self.host_spec(started[0]), True)
+        self.store.mark_busy(new[0].instance_id, self.ctx.cluster, now)
+        return CloudSlave(new[0].instance_id, self.host_spec(new[0]), True)
 
     def release(self, ids: Sequence[str], keep: bool | None = None) -> list[str]:
         """At a run's end: terminate these slaves unless keep_slaves; returns the ids terminated."""

@@ -2,7 +2,9 @@
 
 Both run `python -m gputui.cluster.node -- TORCHRUN-ARGS` and feed every output line, then
 the exit code, into one queue read by the master. `stop()` closes the node's stdin (the
-supervisor SIGTERMs torchrun: the workers checkpoint); `kill()` drops it outright.
+supervisor SIGTERMs torchrun: the workers checkpoint); `stop(now=True)` asks for SIGKILL
+after a second, or drops the node when its stdin is closed already; `kill()` drops it
+outright (the master's own node: its whole process tree, gputui.supervisor).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ class Rendezvous:
     last_call_timeout: float = 3.0
     env: Mapping[str, str] = field(default_factory=dict)
 
-    def torchrun_args(self, local_addr: str, run_dir: str, node: str, endpoint: str | None = None) -> list[str]:
-        """torchrun's arguments on one node; `endpoint`: where that node reaches the store (its tunnel)."""
+    def torchrun_args(self, local_addr: str, run_dir: str, node: str, endpoint: str | None = None,
+                      resume: str | None = None) -> list[str]:
+        """torchrun's arguments on one node; `endpoint`: where that node reaches the store (its tunnel);
+        `resume`: the checkpoint the workers resume from (without it they start at step 0)."""
         conf = f"is_host=0,join_timeout={int(self.join_timeout)},last_call_timeout={int(self.last_call_timeout)}"
         return [
             f"--nnodes={self.min_nodes}:{self.max_nodes}", f"--nproc-per-node={self.nproc_per_node}",
@@ -46,6 +50,7 @@ class Rendezvous:
             f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={self.max_restarts}",
             "--monitor-interval=0.5",
             "-m", "gputui.cluster.worker", "--gputui-run-dir", run_dir, "--gputui-node", node,
+            *(["--gputui-resume", resume] if resume is not None else []),
         ]
 
 
@@ -83,11 +88,14 @@ class LocalNode(NodeProc):
         from gputui.train.distributed import _die_with_parent
         from gputui.train.rdzv import clean_env
 
+        from gputui.supervisor import Tree
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gputui.cluster.node", "--grace", repr(grace_s), "--", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env={**clean_env(os.environ), **env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
         )
+        self.tree = Tree(self.proc)
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 
     def _read(self) -> None:
@@ -98,24 +106,26 @@ class LocalNode(NodeProc):
         self.items.put((self.name, "exit", self.exit_code))
 
     def stop(self, now: bool = False) -> None:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.closed:
+            if now:
+                self.kill()
+            return
         try:
-            if self.proc.stdin is not None and not self.proc.stdin.closed:
-                if now:
-                    self.proc.stdin.write(b"kill\n")
-                self.proc.stdin.close()
+            if now:
+                stdin.write(b"kill\n")
+            stdin.close()
         except OSError:
             pass
 
     def kill(self) -> None:
-        self.stop()
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
         if self.proc.poll() is None:
-            import signal
-
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the supervisor leads its own session
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.kill()
+            self.tree.kill()
 
 
 class RemoteNode(NodeProc):
@@ -129,6 +139,7 @@ class RemoteNode(NodeProc):
         flags = ["--grace", repr(grace_s)] + (["--spot-watcher"] if spot_watcher else [])
         command = f"cd {sh(cwd)} && exec " + sh("env", *exports, venv_python, "-m", "gputui.cluster.node", *flags, "--", *args)
         self.channel = conn.open(command)
+        self._write_closed = False
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 
     def _read(self) -> None:
@@ -150,6 +161,11 @@ class RemoteNode(NodeProc):
         self.items.put((self.name, "exit", self.exit_code))
 
     def stop(self, now: bool = False) -> None:
+        if self._write_closed:
+            if now:
+                self.kill()
+            return
+        self._write_closed = True
         try:
             if now:
                 self.channel.sendall(b"kill\n")

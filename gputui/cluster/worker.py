@@ -9,19 +9,25 @@ Differences from the single-node worker (gputui.train.distributed):
   weights identical), so any surviving node can resume the run;
 - at start (also after torchrun restarts the group), the ranks agree on the newest
   checkpoint any node holds and share it before training, so a replacement node with an
-  empty run directory resumes with the others.
+  empty run directory resumes with the others;
+- a run resumes only when the master says so (`--gputui-resume CHECKPOINT`, from its second
+  attempt on, or for a resumed run), or from a checkpoint this very launch wrote (torchrun
+  restarted the group in place: `ckpt.pt.launch` names the launch that wrote `ckpt.pt`).
+  Otherwise it starts at step 0, and a checkpoint found in the run directory is set aside
+  (renamed `ckpt.pt.stale`), never resumed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from gputui import events
 from gputui.errors import GputuiError, UserError
 from gputui.runs import RunDir, encode
 
@@ -33,15 +39,43 @@ def emit_line(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _checkpoint_step(run: RunDir) -> int:
+def _checkpoint_step(path: Path | None) -> int:
     from gputui.train import checkpoint
 
-    if not run.checkpoint.is_file():
+    if path is None or not path.is_file():
         return -1
     try:
-        return int(checkpoint.load(run.checkpoint)["step"])
+        return int(checkpoint.load(path)["step"])
     except (UserError, KeyError, TypeError, ValueError):
         return -1  # damaged: another node's copy will do
+
+
+def _launch_file(run: RunDir) -> Path:
+    return run.checkpoint.with_name(run.checkpoint.name + ".launch")
+
+
+def mark_launch(run: RunDir, launch_id: str) -> None:
+    """Note which launch (torchrun's run id: the master's rendezvous id) wrote the checkpoint."""
+    tmp = _launch_file(run).with_name(_launch_file(run).name + ".part")
+    tmp.write_text(launch_id, encoding="utf-8")
+    os.replace(tmp, _launch_file(run))
+
+
+def resume_source(run: RunDir, named: Path | None, launch_id: str, local_rank: int) -> Path | None:
+    """The checkpoint this node may resume from: the one the master named, one this launch
+    wrote (before torchrun restarted the group in place), or none: then a checkpoint there is
+    stale, and the node's local rank 0 sets it aside."""
+    if named is not None:
+        return named if named.is_absolute() else run.path / named
+    try:
+        written_by = _launch_file(run).read_text(encoding="utf-8").strip()
+    except OSError:
+        written_by = None
+    if launch_id and written_by == launch_id:
+        return run.checkpoint
+    if local_rank == 0 and run.checkpoint.is_file():
+        os.replace(run.checkpoint, run.checkpoint.with_name(run.checkpoint.name + ".stale"))
+    return None
 
 
 def _collective_device() -> Any:
@@ -54,9 +88,11 @@ def _collective_device() -> Any:
     return torch.device("cpu")
 
 
-def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart: int) -> tuple[int | None, int]:
-    """Share the newest checkpoint among the ranks: (the step it is at or None when there is
-    none, the highest torchrun restart count of any rank: each node counts its own).
+def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart: int,
+                    source: Path | None = None) -> tuple[int | None, int]:
+    """Share the newest checkpoint among the ranks (each offers `source`, none when it is None):
+    (the step it is at or None when there is none, the highest torchrun restart count of any
+    rank: each node counts its own). The shared one ends up in every node's run directory.
 
     Only tensors cross the network (never pickles: a peer's objects would run code here):
     each rank's (step, restart) as int64, then the checkpoint file as a uint8 tensor whose
@@ -67,7 +103,7 @@ def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart
     from gputui.train import checkpoint
 
     device = _collective_device()
-    mine = _checkpoint_step(run)
+    mine = _checkpoint_step(source)
     gathered = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(world)]
     tdist.all_gather(gathered, torch.tensor([mine, restart], dtype=torch.int64, device=device))
     steps = [int(t[0]) for t in gathered]
@@ -76,7 +112,7 @@ def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart
     if best < 0:
         return None, restarts
     src = steps.index(best)
-    data = run.checkpoint.read_bytes() if rank == src else b""
+    data = source.read_bytes() if rank == src and source is not None else b""
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     tdist.broadcast(size, src=src)
     length = int(size.item())
@@ -88,9 +124,12 @@ def sync_checkpoint(run: RunDir, rank: int, world: int, local_rank: int, restart
     else:
         payload = torch.empty(length, dtype=torch.uint8, device=device)
     tdist.broadcast(payload, src=src)
+    tmp = run.checkpoint.with_name(run.checkpoint.name + ".sync")
     if local_rank == 0 and mine != best:
-        tmp = run.checkpoint.with_name(run.checkpoint.name + ".sync")
         tmp.write_bytes(payload.cpu().numpy().tobytes())
+        os.replace(tmp, run.checkpoint)
+    elif local_rank == 0 and source is not None and source != run.checkpoint:
+        shutil.copyfile(source, tmp)
         os.replace(tmp, run.checkpoint)
     tdist.barrier()
     return best, restarts
@@ -101,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Unusual names: torchrun's own parser would take prefixes of its options (--node-rank).
     parser.add_argument("--gputui-run-dir", dest="run_dir", required=True, type=Path)
     parser.add_argument("--gputui-node", dest="node", required=True, help="this node's name (shown in the events)")
+    parser.add_argument("--gputui-resume", dest="resume", type=Path, default=None,
+                        help="the checkpoint to resume from, named by the master (without it: step 0)")
     args = parser.parse_args(argv)
 
     from gputui.profiles import load_profile
@@ -113,12 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    launch_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
     run = RunDir(args.run_dir)
 
     class NodeTrainer(Trainer):
         def save(self) -> None:  # every node keeps the checkpoint, not only global rank 0
             if local_rank == 0:
                 checkpoint.save(self.run.checkpoint, self.state())
+                mark_launch(self.run, launch_id)
 
     def emit(event: dict[str, Any]) -> None:
         if rank == 0:
@@ -133,10 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_profile(run.profile).run.resolve()
         device = init_rank(cfg, local_rank)
-        resumed, restart = sync_checkpoint(run, rank, world, local_rank, restart)
+        source = resume_source(run, args.resume, launch_id, local_rank)
+        resumed, restart = sync_checkpoint(run, rank, world, local_rank, restart, source)
+        if resumed is not None and local_rank == 0:
+            mark_launch(run, launch_id)  # what this launch resumes from is its own now (an in-place restart's)
         if restart:
-            emit({"event": "restarted", "time": round(time.time(), 3), "restart": restart, "world_size": world,
-                  "nodes": world // local_world, "resumed_from_step": resumed})
+            emit(events.make("restarted", restart=restart, world_size=world, nodes=world // local_world,
+                             resumed_from_step=resumed))
         data = load_dataset(Path(cfg.data) if cfg.data else None)
         info = {"node": args.node, "nodes": world // local_world, "nproc_per_node": local_world, "restart": restart}
         trainer = NodeTrainer(cfg, run, data, device, emit, stop, dist=Dist(rank, world), start_info=info)

@@ -89,7 +89,15 @@ def _up(args: argparse.Namespace, settings: Any, manager: Any) -> int:
 
     static = list(settings.hosts)[: settings.slaves_needed]
     missing = settings.slaves_needed - len(static)
-    cloud = manager.ensure(missing, minimum=max(0, settings.min_slaves - len(static))) if missing and manager else []
+    launched: list[str] = []  # as each launch returns: a failed wait for them to run still releases them
+    try:
+        cloud = manager.ensure(missing, minimum=max(0, settings.min_slaves - len(static)),
+                               started=lambda infos: launched.extend(i.instance_id for i in infos)) \
+            if missing and manager else []
+    except BaseException:
+        if launched:
+            manager.release(launched, keep=False)
+        raise
     connects = [(spec, lambda spec=spec: SlaveConnection(spec).open_or_raise()) for spec in static]
     connects += [(slave.spec, lambda slave=slave: manager.connect(slave, 300.0)) for slave in cloud]
     boot = Bootstrapper(settings.remote_dir, settings.python, build_wheel(), local_dataset(bundled_mnist()))
