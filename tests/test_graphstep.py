@@ -1,18 +1,20 @@
-"""The graph-capturable step (gputui.train.graphstep): its device-side batch and schedule logic
-runs on the CPU exactly as the eager loop does, and a capture or replay that fails falls back
-to eager steps with one report. Capture and replay themselves run only on CUDA."""
+"""The graph-captured step (gputui.train.graphstep): its static buffers (rows, learning rate,
+loss rows at a device counter) give on the CPU what the eager step gives, and a capture or
+replay that fails falls back to eager steps with one report. Capture and replay themselves
+run only on CUDA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gputui.train import nets
 from gputui.train.graphstep import WARMUP_STEPS, GraphStep, graph_optimizer
+from gputui.train.step import EagerStep
 
 N, BATCH, CLASSES = 1024, 64, 10
 STEPS_PER_EPOCH = N // BATCH
+L1 = 1e-5
 
 
 def _data(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,89 +29,82 @@ def _model(device: str = "cpu") -> torch.nn.Module:
     return nets.build("fast", (28, 28), CLASSES).to(device=device, memory_format=torch.channels_last)
 
 
-def _perm(epoch: int) -> torch.Tensor:
-    return torch.randperm(N, generator=torch.Generator().manual_seed(100 + epoch))
+def _lr(step: int) -> float:
+    return 1e-3 * (1 + 0.1 * (step % 7))
 
 
-LRS = [1e-3 * (1 + 0.1 * (i % 7)) for i in range(2 * STEPS_PER_EPOCH)]
-L1 = 1e-5
-
-
-def _reference(steps: int, share: int = BATCH, rank: int = 0) -> tuple[torch.nn.Module, list[float]]:
-    """The eager loop's arithmetic, written out: python indices, a float lr per step."""
-    x, y = _data()
-    model = _model()
-    opt = torch.optim.Adam(model.parameters(), lr=LRS[0])
-    losses = []
+def _batches(steps: int, share: int = BATCH, rank: int = 0, device: str = "cpu"):
+    """(step, rows) as the loop hands them: a seeded permutation per epoch, this rank's share."""
     for step in range(steps):
         epoch, batch = divmod(step, STEPS_PER_EPOCH)
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(100 + epoch)).to(device)
         start = batch * BATCH + rank * share
-        idx = _perm(epoch)[start : start + share]
-        for group in opt.param_groups:
-            group["lr"] = LRS[step]
-        out = model(x[idx])
-        ce = F.cross_entropy(out, y[idx])
-        loss = ce + L1 * nets.l1_penalty(model)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(ce.item())
-    return model, losses
+        yield step, perm[start : start + share]
 
 
-def _graph_step(steps: int, share: int = BATCH, rank: int = 0, **kw) -> tuple[GraphStep, list[float]]:
+def _run(step_fn, steps: int, **kw) -> list[list[float]]:
+    rows = []
+    for step, idx in _batches(steps, **kw):
+        step_fn(step, idx, _lr(step))
+        if step % 5 == 4:  # takes at irregular points, as step events come
+            rows += step_fn.take().tolist()
+    return rows + step_fn.take().tolist()
+
+
+def _eager(steps: int, **kw) -> tuple[torch.nn.Module, list[list[float]]]:
     x, y = _data()
     model = _model()
-    opt = graph_optimizer("adam", model.parameters(), torch.tensor(LRS[0]), (0.9, 0.999), 0.0, 0.0)
-    gs = GraphStep(model, opt, x, y, LRS, BATCH, share, rank, L1, **kw)
-    losses = []
-    for step in range(steps):
-        epoch, batch = divmod(step, STEPS_PER_EPOCH)
-        if batch == 0:
-            gs.begin_epoch(_perm(epoch), 0, step)
-        gs()
-        ce, _, n = gs.take()
-        assert n == 1
-        losses.append(ce)
-    return gs, losses
+    step_fn = EagerStep(model, model, torch.optim.Adam(model.parameters(), lr=_lr(0)), x, y, L1)
+    return model, _run(step_fn, steps, **kw)
+
+
+def _graph(steps: int, share: int = BATCH, rank: int = 0, **kw) -> tuple[GraphStep, list[list[float]]]:
+    x, y = _data()
+    model = _model()
+    opt = graph_optimizer("adam", model.parameters(), _lr(0), x.device)
+    step_fn = GraphStep(model, opt, x, y, share, L1, capacity=STEPS_PER_EPOCH, **kw)
+    return step_fn, _run(step_fn, steps, share=share, rank=rank)
 
 
 def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
-def test_device_counters_pick_the_same_batches_and_rates_as_the_eager_loop() -> None:
-    """Across an epoch boundary: the same weights and losses as python indexing and float rates."""
+def test_static_buffers_train_as_the_eager_step_does() -> None:
+    """Across an epoch boundary: the same weights and per-step (cross-entropy, L1) rows."""
     steps = STEPS_PER_EPOCH + 5
-    ref, ref_losses = _reference(steps)
-    gs, losses = _graph_step(steps)
+    ref, ref_rows = _eager(steps)
+    gs, rows = _graph(steps)
+    assert len(rows) == steps
+    assert torch.tensor(rows) == pytest.approx(torch.tensor(ref_rows), rel=1e-5)
     assert _max_diff(ref, gs.model) < 1e-5
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    assert int(gs.gstep) == steps and int(gs.k) == 5
-    assert float(gs.lr) == pytest.approx(LRS[steps - 1])
+    assert float(gs.lr) == pytest.approx(_lr(steps - 1))
+    assert gs.impl == "eager"  # no capture on the CPU
 
 
 def test_a_rank_takes_its_share_of_each_global_batch() -> None:
-    ref, ref_losses = _reference(6, share=BATCH // 2, rank=1)
-    gs, losses = _graph_step(6, share=BATCH // 2, rank=1)
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    ref, ref_rows = _eager(6, share=BATCH // 2, rank=1)
+    gs, rows = _graph(6, share=BATCH // 2, rank=1)
+    assert torch.tensor(rows) == pytest.approx(torch.tensor(ref_rows), rel=1e-5)
     assert _max_diff(ref, gs.model) < 1e-5
 
 
-def test_losses_are_summed_on_the_device_and_read_once() -> None:
+def test_more_steps_than_the_loss_buffer_holds_is_an_error_not_a_wrong_number() -> None:
     x, y = _data()
     model = _model()
-    opt = graph_optimizer("adam", model.parameters(), torch.tensor(LRS[0]), (0.9, 0.999), 0.0, 0.0)
-    gs = GraphStep(model, opt, x, y, LRS, BATCH, BATCH, 0, L1)
-    gs.begin_epoch(_perm(0), 0, 0)
-    for _ in range(4):
-        gs()
-    ce, l1, n = gs.take()
-    _, ref_losses = _reference(4)
-    assert n == 4
-    assert ce == pytest.approx(sum(ref_losses) / 4, rel=1e-5)
-    assert l1 > 0
-    assert gs.take() == (0.0, 0.0, 0)
+    gs = GraphStep(model, graph_optimizer("sgd", model.parameters(), 0.1, x.device), x, y, BATCH, 0.0, capacity=2)
+    batches = list(_batches(3))
+    gs(*batches[0], 0.1)
+    gs(*batches[1], 0.1)
+    with pytest.raises(RuntimeError, match="capacity 2"):
+        gs(*batches[2], 0.1)
+    assert gs.take().shape == (2, 2)
+
+
+def test_the_nan_hook_poisons_exactly_its_step() -> None:
+    gs, rows = _graph(4, nan_at=3)
+    finite = [all(v == v for v in row) for row in rows]
+    assert finite == [True, True, False, False]  # NaN weights after step 3 poison step 4 too
 
 
 def test_a_failed_capture_falls_back_to_eager_steps_with_one_report() -> None:
@@ -117,11 +112,11 @@ def test_a_failed_capture_falls_back_to_eager_steps_with_one_report() -> None:
     the report comes once, and training goes on with the same arithmetic."""
     reports: list[str] = []
     steps = WARMUP_STEPS + 4
-    gs, losses = _graph_step(steps, capture=True, on_fallback=reports.append)
-    ref, ref_losses = _reference(steps)
+    gs, rows = _graph(steps, capture=True, on_fallback=reports.append)
+    ref, ref_rows = _eager(steps)
     assert len(reports) == 1 and reports[0].startswith("capture failed: ")
-    assert gs.graph is None and gs.failed == reports[0]
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert gs.graph is None and gs.failed == reports[0] and gs.impl == "eager"
+    assert torch.tensor(rows) == pytest.approx(torch.tensor(ref_rows), rel=1e-5)
     assert _max_diff(ref, gs.model) < 1e-5
 
 
@@ -133,49 +128,49 @@ def test_a_failed_replay_falls_back_and_the_step_still_runs() -> None:
     reports: list[str] = []
     x, y = _data()
     model = _model()
-    opt = graph_optimizer("adam", model.parameters(), torch.tensor(LRS[0]), (0.9, 0.999), 0.0, 0.0)
-    gs = GraphStep(model, opt, x, y, LRS, BATCH, BATCH, 0, L1, on_fallback=reports.append)
-    gs.begin_epoch(_perm(0), 0, 0)
+    gs = GraphStep(model, graph_optimizer("adam", model.parameters(), _lr(0), x.device), x, y, BATCH, L1,
+                   capacity=8, on_fallback=reports.append)
     gs.graph = BrokenGraph()
-    for _ in range(3):
-        gs()
+    rows = _run(gs, 3)
     assert reports == ["replay failed: RuntimeError: CUDA error: an illegal memory access was encountered"]
-    assert gs.graph is None
-    ref, _ = _reference(3)
+    assert gs.graph is None and len(rows) == 3
+    ref, _ = _eager(3)
     assert _max_diff(ref, gs.model) < 1e-5
 
 
 def test_a_resumed_optimizer_gets_the_tensor_learning_rate_back() -> None:
-    gs, _ = _graph_step(3)
+    gs, _ = _graph(3)
     state = gs.optimizer.state_dict()
     state["param_groups"][0]["lr"] = 0.5  # a checkpoint written by the eager path holds a float
     gs.optimizer.load_state_dict(state)
     gs.adopt_optimizer_state()
     assert all(g["lr"] is gs.lr for g in gs.optimizer.param_groups)
+    assert float(gs.lr) == 0.5
 
 
 def test_an_optimizer_with_a_float_rate_is_refused() -> None:
     x, y = _data()
     model = _model()
     with pytest.raises(TypeError, match="lr is a tensor"):
-        GraphStep(model, torch.optim.Adam(model.parameters(), lr=0.1), x, y, LRS, BATCH, BATCH, 0, L1)
+        GraphStep(model, torch.optim.Adam(model.parameters(), lr=0.1), x, y, BATCH, L1, capacity=4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_replays_what_the_eager_body_computes() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    results = []
+    out = []
     for capture in (False, True):
         x, y = _data("cuda")
         model = _model("cuda")
-        opt = graph_optimizer("adam", model.parameters(), torch.tensor(LRS[0], device="cuda"), (0.9, 0.999), 0.0, 0.0)
-        gs = GraphStep(model, opt, x, y, LRS, BATCH, BATCH, 0, L1, capture=capture)
-        gs.begin_epoch(_perm(0), 0, 0)
-        for _ in range(WARMUP_STEPS + 6):
-            gs()
-        results.append((gs, gs.take()))
-    (eager, (ce_e, _, _)), (graph, (ce_g, _, _)) = results
-    assert graph.graph is not None and graph.failed is None
-    assert ce_g == pytest.approx(ce_e, rel=1e-4)
+        gs = GraphStep(model, graph_optimizer("adam", model.parameters(), _lr(0), x.device), x, y, BATCH, L1,
+                       capacity=STEPS_PER_EPOCH, capture=capture)
+        rows = []
+        for step, idx in _batches(WARMUP_STEPS + 6, device="cuda"):
+            gs(step, idx, _lr(step))
+        rows = gs.take().tolist()
+        out.append((gs, rows))
+    (eager, eager_rows), (graph, graph_rows) = out
+    assert graph.graph is not None and graph.failed is None and graph.impl == "graph"
+    assert torch.tensor(graph_rows) == pytest.approx(torch.tensor(eager_rows), rel=1e-4)
     assert _max_diff(eager.model, graph.model) < 1e-4
