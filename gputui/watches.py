@@ -16,7 +16,9 @@ from gputui.errors import UserError
 from gputui.model.text import clean
 
 ENDS = ("done", "interrupted", "error")
-_NON_FINITE_WORDS = ("nan", "non-finite", "not finite", "infinite", "non_finite", "nonfinite")
+# The trainer's error event for a diverged run: reason "nan", "... the loss is not finite at step N ...".
+_NON_FINITE_REASONS = ("nan", "non_finite", "non-finite", "diverged")
+_NON_FINITE_WORDS = ("not finite", "non-finite", "is nan", "is inf")
 
 
 def find_run(ref: str, home: Path | None = None) -> Path:
@@ -102,9 +104,10 @@ def fold(facts: RunFacts, event: dict[str, Any]) -> RunFacts:
     if kind in ("eval", "epoch"):
         return replace(facts, test_acc=_finite(event.get("test_acc"), facts.test_acc))
     if kind in ENDS:
-        said = " ".join(clean(str(event.get(k) or ""), 200) for k in ("reason", "message")).lower()
+        reason = clean(str(event.get("reason") or ""), 40).lower()
+        said = clean(str(event.get("message") or ""), 400).lower()
         bad = facts.non_finite
-        if kind == "error" and any(word in said for word in _NON_FINITE_WORDS):
+        if kind == "error" and (reason in _NON_FINITE_REASONS or any(words in said for words in _NON_FINITE_WORDS)):
             bad = bad or clean(str(event.get("message") or event.get("reason")), 200)
         return replace(facts, active=False, non_finite=bad)
     return facts

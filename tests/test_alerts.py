@@ -117,11 +117,17 @@ def test_stalled_and_non_finite_loss_of_a_watched_run(tmp_path: Path) -> None:
     with events.open("a") as fh:
         fh.write('ep": 7, "loss": NaN, "time": 1402.5}\n')  # the torn line, completed
     assert watch.poll().step == 7
-    facts = write({"event": "error", "message": "loss is NaN", "time": 1403.0})
+    facts = write({"event": "error", "reason": "nan", "time": 1403.0, "step": 7,  # as gputui.train.loop's Diverged says it
+                   "message": "training diverged: the loss is not finite at step 7 (epoch 1); the last good state ..."})
     assert not facts.active and engine.evaluate([], 5000.0, facts) == []  # an ended run does not stall, NaN said once
     facts = write({"event": "start", "run_id": "r2", "time": 6000.0})
     assert {(a.rule, a.state, a.run_id) for a in engine.evaluate([], 6001.0, facts)} == {("nan_loss", "cleared", "r1")}
-    # a trainer that reports the NaN as an error event
+    # a run whose first word of it is the error event (no NaN step was written)
+    from gputui.watches import fold
+
+    diverged = fold(RunFacts(run_id="r4", active=True), {"event": "error", "reason": "nan", "message": "training diverged"})
+    assert diverged.non_finite == "training diverged" and not diverged.active
+    assert fold(RunFacts(run_id="r5"), {"event": "error", "message": "financial trouble: no GPU"}).non_finite is None
     other = AlertEngine(AlertSettings(nan_loss=True))
     bad = RunFacts(run_id="r3", active=False, non_finite="loss is NaN")
     assert [a.message for a in other.evaluate([], 1.0, bad)] == ["run r3: loss is not finite: loss is NaN"]
