@@ -11,7 +11,9 @@
   in step order to the epoch's sums, which a checkpoint keeps: a run interrupted mid-epoch
   and resumed reports the same `train_loss` as one never interrupted.
 - `Pace` says when a step event is due: by a timer of training time that evaluations and
-  epochs do not reset, and at least MIN_STEP_EVENTS times an epoch however fast it is.
+  epochs do not reset, and at least MIN_STEP_EVENTS times an epoch however fast it is;
+  `eval_points` when the test split is evaluated (`evaluate`).
+- `LastGood` keeps the state a run that diverges goes back to (copies taken at the reads).
 """
 
 from __future__ import annotations
@@ -72,8 +74,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
     return loss.item() / len(x), 100.0 * correct.item() / len(x)
 
 
-
-
 class Meter:
     """Training time, throughput and loss of one rank (`world` ranks in all)."""
 
@@ -119,7 +119,7 @@ class Meter:
         """Fold the per-step (cross-entropy, L1) rows a Step took, averaged over the world.
         Returns (rows, index of the first row that is not finite, or None); nothing of a
         window holding a non-finite row is folded."""
-        if self.world > 1:
+        if self.world > 1 and len(values):  # every rank has the same rows: all or none take part
             import torch.distributed as tdist
 
             values = values.contiguous()
