@@ -55,6 +55,9 @@ def test_a_lost_static_node_is_dropped_and_the_run_finishes_on_fewer_nodes(
     assert resumed["nodes"] == 1 and resumed["from_step"] > 0
     relaunch = next(e for e in seen if e["event"] == "cluster" and e["attempt"] >= 1)
     assert relaunch["nodes"] == ["n1" if name == "n0" else "n0"] and relaunch["world_size"] == 1
+    # The relaunched group's start (rank 0 on the surviving slave) names the master's run, not the slave's path.
+    starts = [e for e in seen if e["event"] == "start"]
+    assert len(starts) >= 2 and all((e["run_dir"], e["run_id"]) == (str(run_dir), "dropped") for e in starts), starts
     assert kinds[-1] == "done"
     assert [e["epoch"] for e in seen if e["event"] == "epoch"] == [1, 2]
     # The final checkpoint is in the master's run directory.
