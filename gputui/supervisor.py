@@ -78,11 +78,13 @@ class Tree:
         return alive
 
     def send(self, sig: int) -> None:
-        """`sig` to every live process of the tree, and to the root's process group."""
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """`sig` to every live process of the tree, and to the group the root leads (if it leads one)."""
+        if self.proc.returncode is None:  # not reaped: its pid is still its own, not a reused one
+            try:
+                if os.getpgid(self.proc.pid) == self.proc.pid:
+                    os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for p in self.refresh():
             try:
                 p.send_signal(sig)

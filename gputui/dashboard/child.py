@@ -1,6 +1,14 @@
 """The training run as a child process: `gputui run --json`, so the dashboard shows
 exactly what the headless engine does. Its events come on stdout, one JSON line each;
-its last error line on stderr. Stopping it is SIGTERM (checkpoint, exit 0).
+its last error line on stderr.
+
+Stopping it is one SIGTERM, and then waiting for the run's own teardown: the run
+checkpoints, stops its processes (torchrun's workers, a cluster's nodes) and releases the
+cloud slaves it started. The wait is bounded by more than that teardown may take (the
+supervisor's grace, the cluster's wait for its nodes, and the cloud's bound on terminating
+slaves); only past the bound is every process of the run SIGKILLed, and the run's last
+error line says so. While it stops, `progress` says what it waits for, from the run's
+`stopping` events and its live process count.
 """
 
 from __future__ import annotations
@@ -11,13 +19,27 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from gputui.events import typed
 from gputui.model.text import clean, clean_tree
+from gputui.supervisor import GRACE_S, Tree
 
-STOP_GRACE_S = 15.0  # a SIGTERMed run checkpoints within seconds; after this it is killed
+# A local or DDP run stops within the supervisor's grace (torchrun's workers included), plus its checkpoint.
+LOCAL_STOP_S = GRACE_S + 30.0
+# A cluster run's teardown (gputui.cluster.teardown) gives its nodes the grace plus 10 s, then 15 s for
+# the exits of nodes it killed, then terminates the cloud slaves it started, which waits up to the
+# cloud's own bound (CloudContext.wait_timeout_s); a minute more for the cloud's calls themselves.
+# (Numbers, not imports: the dashboard starts without the cluster and cloud modules.)
+CLOUD_RELEASE_S = 600.0
+CLUSTER_STOP_S = GRACE_S + 10.0 + 15.0 + CLOUD_RELEASE_S + 60.0
+# Events only the trainer (every strategy) emits; any other one comes from a cluster's master.
+_TRAINER_EVENTS = {"start", "step", "eval", "epoch", "interrupted", "done", "error", "warning", "fallback", "stopping"}
+
+Progress = Callable[["TrainingChild", str, bool], None]  # (child, text, worth a line in the log)
 
 
 def run_argv(profile: Path | None, resume: bool, extra: Sequence[str] = ()) -> list[str]:
@@ -30,17 +52,40 @@ def run_argv(profile: Path | None, resume: bool, extra: Sequence[str] = ()) -> l
     return argv + list(extra)
 
 
-class TrainingChild:
-    """One `gputui run --json` process. `events()` blocks: call it from a worker thread."""
+def minutes(seconds: float) -> str:
+    seconds = int(max(0.0, seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
+
+
+class TrainingChild:
+    """One `gputui run --json` process. `events()` blocks: call it from a worker thread.
+
+    `on_progress(child, text, log)` is called from this object's threads while the run stops
+    (text "" once it has ended); `clock` measures the stop bound (tests move it by hand).
+    """
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                 on_progress: Progress | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.argv = list(argv)
         self.env = env
         self.cwd = cwd
+        self.on_progress = on_progress
+        self.clock = clock
         self.proc: subprocess.Popen[str] | None = None
+        self.tree: Tree | None = None
         self._stderr: deque[str] = deque(maxlen=40)
         self._stderr_done = threading.Event()
         self.stop_requested = False
+        self.cluster: bool | None = None  # from its events: None until it says
+        self.stopping: dict[str, Any] | None = None  # its latest `stopping` event
+        self.progress = ""
+        self.killed = False  # SIGKILLed past the stop bound
+        self._lock = threading.Lock()
+        self._stopper: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
@@ -56,6 +101,7 @@ class TrainingChild:
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1, env=env, cwd=self.cwd)
+        self.tree = Tree(self.proc)  # type: ignore[arg-type]  # no marker: the dashboard adopts no orphans
         threading.Thread(target=self._drain_stderr, name="training-stderr", daemon=True).start()
 
     def _drain_stderr(self) -> None:
@@ -76,7 +122,28 @@ class TrainingChild:
             except json.JSONDecodeError:
                 continue  # `--json` prints only events; anything else is not ours to show
             if isinstance(event, dict):
-                yield clean_tree(event)  # a cluster run relays what slaves said: data, without control characters
+                event = clean_tree(event)  # a cluster run relays what slaves said: data, without control characters
+                self._seen(event)
+                yield event
+
+    def _seen(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "start" and self.cluster is None:
+            self.cluster = event.get("nodes") is not None
+        elif kind not in _TRAINER_EVENTS:
+            self.cluster = True
+        if kind == "stopping":
+            self.stopping = typed(event)
+            slaves = self.stopping.get("slaves")
+            if isinstance(slaves, int) and slaves > 0:
+                self.cluster = True
+            message = self.stopping.get("message")
+            self._note(str(message) if message else self._waiting_for(), log=True)
+
+    def stop_bound(self) -> float:
+        """How long the run may take to stop before it is SIGKILLed: a cluster's teardown and
+        slave release, unless the run has shown it is local."""
+        return LOCAL_STOP_S if self.cluster is False else CLUSTER_STOP_S
 
     def wait(self) -> int:
         """The exit code, once the process has ended and its stderr is read."""
@@ -94,24 +161,76 @@ class TrainingChild:
         return lines[-1] if lines else None
 
     def stop(self) -> bool:
-        """Ask the run to checkpoint and exit (SIGTERM); False if it is not running."""
+        """Ask the run to checkpoint, tear down and exit: one SIGTERM (a second one would stop a DDP
+        run at once, without its checkpoint), then its teardown is watched. False if not running."""
         if not self.running:
             return False
         assert self.proc is not None
         self.stop_requested = True
-        try:
-            self.proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            return False
+        with self._lock:
+            if self._stopper is not None:
+                return True
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                return False
+            self._stopper = threading.Thread(target=self._see_it_end, name="training-stop", daemon=True)
+            self._stopper.start()
         return True
 
-    def shutdown(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop the run and make sure it is gone: SIGTERM, then SIGKILL after `grace_s`."""
+    def shutdown(self) -> None:
+        """Stop the run and wait until it is gone: its own teardown, or SIGKILL past the stop bound."""
         if self.proc is None:
             return
         self.stop()
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stopper = self._stopper
+        if stopper is not None:
+            stopper.join()
+        elif self.proc.poll() is None:  # pragma: no cover - stop() failed on a live process
             self.proc.wait()
+
+    def _see_it_end(self) -> None:
+        """The stop's thread: say what the run waits for until it has ended; SIGKILL every process
+        of the run if it is still there at the bound."""
+        assert self.proc is not None and self.tree is not None
+        deadline = self.clock() + self.stop_bound()
+        while True:
+            try:
+                self.proc.wait(0.25)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            left = deadline - self.clock()
+            processes = len(self.tree.refresh())  # also remembers them, for the SIGKILL
+            if left <= 0:
+                self._kill(processes)
+                break
+            self._note(f"{self._waiting_for()} ({plural(processes, 'process')} left; SIGKILL in {minutes(left)})")
+        self.tree.kill()  # anything of the run that outlived it (nothing, when it tore down)
+        self._note("")
+
+    def _waiting_for(self) -> str:
+        slaves = (self.stopping or {}).get("slaves")
+        if isinstance(slaves, int) and slaves > 0:
+            return f"stopping: waiting for the run to release {plural(slaves, 'slave')}"
+        return "stopping: waiting for the run to checkpoint and end"
+
+    def _kill(self, processes: int) -> None:
+        assert self.tree is not None
+        self.killed = True
+        bound = self.stop_bound()
+        line = (f"gputui: error: the run had not stopped {bound:.0f} s after SIGTERM: its {plural(processes, 'process')} "
+                "were killed (SIGKILL)")
+        if self.cluster is not False:
+            line += "; check for slaves left running with `gputui cloud ls`"
+        self._stderr.append(line)
+        self._note(line, log=True)
+        self.tree.kill()
+
+    def _note(self, text: str, log: bool = False) -> None:
+        if text == self.progress and not log:
+            return
+        if not log:
+            self.progress = text
+        if self.on_progress is not None:
+            self.on_progress(self, text, log)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from gputui.dashboard.child import TrainingChild, run_argv
+from gputui.dashboard.child import Progress, TrainingChild, run_argv
 from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.cost import SlaveLine
 from gputui.errors import UserError
@@ -80,17 +80,24 @@ def demo_public_key() -> Path:
 
 
 class Backend:
-    """Builds the parts of a session. Tests pass their own source, provider and clock."""
+    """Builds the parts of a session. Tests pass their own source, provider and clocks
+    (`stop_clock`: what a stopping training child measures its SIGKILL bound with)."""
 
     def __init__(self, options: DashboardOptions, clock: Callable[[], float] = time.time,
-                 host_source: Any = None, provider: Any = None) -> None:
+                 host_source: Any = None, provider: Any = None,
+                 stop_clock: Callable[[], float] = time.monotonic) -> None:
         self.options = options
         self.clock = clock
+        self.stop_clock = stop_clock
         self._host_source = host_source
         self._provider = provider
+        self.child_progress: Progress | None = None  # the app listens to its training children's stops
 
     def with_profile(self, profile: Path) -> "Backend":
-        return Backend(replace(self.options, profile=profile), self.clock, self._host_source, self._provider)
+        other = Backend(replace(self.options, profile=profile), self.clock, self._host_source, self._provider,
+                        self.stop_clock)
+        other.child_progress = self.child_progress
+        return other
 
     @property
     def profile(self) -> Path:
@@ -165,7 +172,7 @@ class Backend:
         return run_argv(None if resume else self.profile, resume, extra)
 
     def training_child(self, resume: bool) -> TrainingChild:
-        return TrainingChild(self.training_argv(resume))
+        return TrainingChild(self.training_argv(resume), on_progress=self.child_progress, clock=self.stop_clock)
 
 
 def check_options(options: DashboardOptions) -> None:

@@ -24,7 +24,7 @@ from gputui.ui.bindings import KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView
-from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled, HostsPolled, SlavesChanged
+from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled, HostsPolled, RunStopping, SlavesChanged
 from gputui.ui.slave_actions import SlaveActions
 from gputui.ui.status import StatusBar
 from gputui.ui.training_actions import TrainingActions
@@ -49,6 +49,24 @@ class DashboardApp(TrainingActions, SlaveActions):
             yield CostPanel(id="cost", classes="panel")
             yield EventsLog(id="events", classes="panel")
         yield Footer()
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend)
+        # A stopping run says what it waits for (its own `stopping` events, its processes left); the
+        # app waits for it, at quit too: the run releases what it holds before the app exits.
+        backend.child_progress = self._child_progress
+
+    def _child_progress(self, child: Any, text: str, log: bool) -> None:
+        """From the child's threads: post, never touch the widgets."""
+        self.post_message(RunStopping(child, text, log))
+
+    def on_run_stopping(self, message: RunStopping) -> None:
+        if message.child is not self.child:
+            return
+        if message.log:
+            self.say(message.text, "warning")
+        else:
+            self.panel(StatusBar).stopping = message.text
 
     def on_mount(self) -> None:
         for panel, title in (("#hosts", "Hosts & GPUs"), ("#training", "Training"), ("#cost", "Cost & slaves"),

@@ -62,6 +62,17 @@ class TrainingExited(Message):
         self.generation = generation
 
 
+class RunStopping(Message):
+    """What a stopping training child waits for ("" once it has ended); `log`: a line for the
+    events log (the run's own `stopping` message, or the SIGKILL at the bound) rather than the status line."""
+
+    def __init__(self, child: object, text: str, log: bool) -> None:
+        super().__init__()
+        self.child = child
+        self.text = text
+        self.log = log
+
+
 class CloudNote(Message):
     """A line for the events log from a cloud worker (price, budget effect, refusal)."""
 

@@ -1,4 +1,5 @@
-"""The top line: profile, mode, how fresh the data is, the time. Redrawn every second."""
+"""The top line: profile, mode, what a stopping run waits for, how fresh the data is, the time.
+Redrawn every second."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class StatusBar(Widget):
     COMPONENT_CLASSES = {"status--name", "status--dim", "status--warn"}
     profile: reactive[str] = reactive("")
     mode: reactive[str] = reactive("")
+    stopping: reactive[str] = reactive("")  # "stopping: waiting for the run to ..." while a run stops
 
     def __init__(self, clock: Callable[[], float], **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -45,6 +47,8 @@ class StatusBar(Widget):
         style = self._style
         text = Text("gputui", style("status--name"))
         text.append(f"  profile {clean(self.profile)}", style("status--dim"))
+        if self.stopping:
+            text.append(f"  {clean(self.stopping)}", style("status--warn"))
         if self.mode:
             text.append(f"  {self.mode}", style("status--dim"))
         now = time.monotonic()
