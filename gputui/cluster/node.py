@@ -5,11 +5,11 @@
 The master starts this over an SSH exec channel (or as a local subprocess for its own
 node) and keeps the channel's stdin open. torchrun runs in its own process group; its
 output (stderr merged) is relayed line by line to stdout, where the master reads rank 0's
-events. When stdin reaches EOF (the master closed the channel, stopped, or died) or this
-process gets SIGTERM/SIGHUP, the whole tree (torchrun and its workers, which torchrun puts
-in sessions of their own: gputui.supervisor) gets SIGTERM (workers checkpoint), then SIGKILL
-after a grace period longer than torchrun's own (at once when the master writes `kill`):
-nothing is left running on the node. With
+events. When the master writes `stop`, when stdin reaches EOF (the master closed the channel
+or died) or this process gets SIGTERM/SIGHUP, the whole tree (torchrun and its workers,
+which torchrun puts in sessions of their own: gputui.supervisor) gets SIGTERM (workers
+checkpoint), then SIGKILL after a grace period longer than torchrun's own (at once when the
+master writes `kill` during a stop): nothing is left running on the node. With
 `--spot-watcher`, gputui's spot-interruption watcher watches torchrun too.
 """
 
@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from gputui.supervisor import GRACE_S, Tree, become_subreaper
 from gputui.train.distributed import _die_with_parent
@@ -31,19 +31,30 @@ NODE_TAG = "@@gputui-node "
 
 
 def _watch_stdin(group: Tree, grace_s: float) -> None:
-    """EOF on stdin: the master is gone or done with us; `kill` on stdin: stop without a grace
-    period (the group has checkpointed already and only waits for peers that are gone)."""
+    """The master's words on stdin, one a line: `stop` stops the tree (SIGTERM, the grace, SIGKILL);
+    `kill` drops the grace: SIGKILL now when a stop is under way (a further Ctrl-C), else SIGTERM
+    and SIGKILL a second later (the group has checkpointed and only waits for peers that are
+    gone). EOF (the master is gone or done with us) stops the tree."""
+    buffer = b""
     try:
         while True:
             data = os.read(0, 4096)
             if not data:
                 break
-            if b"kill" in data:
-                grace_s = 1.0
-                break
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip() == b"kill":
+                    _in_thread(group.kill if group.stopping else lambda: group.stop(1.0))
+                elif line.strip() == b"stop":
+                    _in_thread(lambda: group.stop(grace_s))
     except OSError:
         pass
-    threading.Thread(target=group.stop, args=(grace_s,), name="gputui-node-stop", daemon=True).start()
+    _in_thread(lambda: group.stop(grace_s))
+
+
+def _in_thread(work: "Callable[[], None]") -> None:
+    threading.Thread(target=work, name="gputui-node-stop", daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

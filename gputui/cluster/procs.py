@@ -1,10 +1,11 @@
 """The master's handle on one node's torchrun: a local subprocess or an SSH exec channel.
 
 Both run `python -m gputui.cluster.node -- TORCHRUN-ARGS` and feed every output line, then
-the exit code, into one queue read by the master. `stop()` closes the node's stdin (the
-supervisor SIGTERMs torchrun: the workers checkpoint); `stop(now=True)` asks for SIGKILL
-after a second, or drops the node when its stdin is closed already; `kill()` drops it
-outright (the master's own node: its whole process tree, gputui.supervisor).
+the exit code, into one queue read by the master. `stop()` writes `stop` to the node's
+supervisor (it SIGTERMs torchrun: the workers checkpoint); `stop(now=True)` writes `kill`
+(SIGKILL now during a stop, else a second after SIGTERM); `kill()` drops the node outright:
+the master's own node with its whole process tree (gputui.supervisor), a slave's by closing
+its channel (its supervisor then stops what is left there).
 """
 
 from __future__ import annotations
@@ -85,10 +86,9 @@ class LocalNode(NodeProc):
 
     def __init__(self, name: str, items: "queue.Queue[Item]", args: Sequence[str], env: Mapping[str, str], grace_s: float) -> None:
         super().__init__(name, items)
+        from gputui.supervisor import Tree
         from gputui.train.distributed import _die_with_parent
         from gputui.train.rdzv import clean_env
-
-        from gputui.supervisor import Tree
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gputui.cluster.node", "--grace", repr(grace_s), "--", *args],
@@ -107,16 +107,15 @@ class LocalNode(NodeProc):
 
     def stop(self, now: bool = False) -> None:
         stdin = self.proc.stdin
-        if stdin is None or stdin.closed:
-            if now:
-                self.kill()
-            return
         try:
-            if now:
-                stdin.write(b"kill\n")
-            stdin.close()
-        except OSError:
+            if stdin is not None and not stdin.closed:
+                stdin.write(b"kill\n" if now else b"stop\n")
+                stdin.flush()
+                return
+        except OSError:  # the supervisor is gone already
             pass
+        if now:
+            self.kill()
 
     def kill(self) -> None:
         try:
@@ -139,7 +138,6 @@ class RemoteNode(NodeProc):
         flags = ["--grace", repr(grace_s)] + (["--spot-watcher"] if spot_watcher else [])
         command = f"cd {sh(cwd)} && exec " + sh("env", *exports, venv_python, "-m", "gputui.cluster.node", *flags, "--", *args)
         self.channel = conn.open(command)
-        self._write_closed = False
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 
     def _read(self) -> None:
@@ -161,17 +159,11 @@ class RemoteNode(NodeProc):
         self.items.put((self.name, "exit", self.exit_code))
 
     def stop(self, now: bool = False) -> None:
-        if self._write_closed:
+        try:
+            self.channel.sendall(b"kill\n" if now else b"stop\n")
+        except Exception:  # noqa: BLE001 - the channel is gone: nothing to stop through it
             if now:
                 self.kill()
-            return
-        self._write_closed = True
-        try:
-            if now:
-                self.channel.sendall(b"kill\n")
-            self.channel.shutdown_write()
-        except Exception:  # noqa: BLE001 - already closed
-            pass
 
     def kill(self) -> None:
         try:
