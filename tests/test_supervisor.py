@@ -1,6 +1,6 @@
 """One supervisor owns a run's process tree: processes in sessions of their own (torchrun's
-workers) and orphans of a dead parent are stopped too, and nothing of a DDP run outlives
-`gputui run`, whichever way the command ends."""
+workers) and orphans of a dead parent are stopped too. (That nothing of a run outlives
+`gputui run`, whichever way the command ends, is tests/test_stop_matrix.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gputui.supervisor import Tree, become_subreaper
 
 from .cluster_fixture import wait_no_leftovers
 from .conftest import cli_env
-from .proc_support import Child, wait_until
+from .proc_support import wait_until
 from .test_run_network import SECRETS, assert_loopback_only, environments, listening, run_processes
 
 # A parent that starts a child in a session of its own (as torchrun does), says its pid, then
@@ -90,10 +90,23 @@ def test_an_orphan_never_seen_is_adopted_by_its_run_marker(tmp_path: Path) -> No
     wait_until(lambda: gone(grandchild), 10, "the adopted orphan to end")
 
 
-def ddp_run(data: Path, run_dir: Path) -> Child:
-    return Child([sys.executable, "-m", "gputui", "run", "--json", "--strategy", "ddp", "--nproc", "2", "--data",
-                  str(data), "--epochs", "50", "--batch-size", "32", "--device", "cpu", "--threads", "1",
-                  "--run-dir", str(run_dir)], env=cli_env(), name="ddp run")
+def test_the_group_signal_goes_only_to_a_group_the_live_root_leads(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reaped root's pid may be reused by another group's leader: it is never signalled as a group."""
+    sent: list[int] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append(pgid))
+    leader = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
+    member = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    try:
+        Tree(leader).send(signal.SIGCONT)
+        Tree(member).send(signal.SIGCONT)  # in pytest's own group: no group signal
+        assert sent == [leader.pid]
+    finally:
+        for proc in (leader, member):
+            proc.kill()
+            proc.wait(30)
+    Tree(leader).send(signal.SIGKILL)  # reaped
+    assert sent == [leader.pid]
 
 
 def test_a_ddp_run_whose_output_is_closed_leaves_nothing_behind(medium_data: Path, tmp_path: Path) -> None:
@@ -130,13 +143,3 @@ def test_a_ddp_run_whose_output_is_closed_leaves_nothing_behind(medium_data: Pat
     for env in workers:
         assert env.get("GPUTUI_KEEP_ME") == "kept"
         assert not {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "SSH_AUTH_SOCK", "GITHUB_TOKEN"} & set(env)
-
-
-def test_a_ddp_run_whose_command_is_killed_leaves_nothing_behind(medium_data: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "killed"
-    with ddp_run(medium_data, run_dir) as run:
-        run.wait_for(lambda e: e["event"] == "start", 240, "the start event")
-        run.proc.send_signal(signal.SIGKILL)
-        run.proc.wait(30)
-    # torchrun gets SIGTERM when its parent dies and stops its workers within its own timeout.
-    assert wait_no_leftovers(str(run_dir), timeout=90) == []
