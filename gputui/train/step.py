@@ -40,7 +40,9 @@ class Step(Protocol):
 
     def take(self) -> torch.Tensor:
         """The losses of the steps since the last take, oldest first, still on the device:
-        float32 of shape (steps, 2), columns (cross-entropy, L1 term). Forgets them."""
+        float32 of shape (steps, 2), columns (cross-entropy, L1 term). Forgets them. The loop
+        takes at least every max(1, steps_per_epoch // 8) steps (meter.Pace), and at every
+        evaluation, epoch end and stop: a fixed-size device buffer of that many rows is enough."""
         ...
 
 
