@@ -17,6 +17,7 @@ import queue
 import time
 
 from gputui.cluster.context import RunContext
+from gputui.cluster.identity import resume_ref
 from gputui.cluster.members import STOP_GRACE_S, Node
 from gputui.cluster.procs import LocalNode, RemoteNode, Rendezvous
 from gputui.cluster.recovery import Recovery
@@ -55,7 +56,7 @@ class Attempts:
             attempt += 1
             if attempt > ctx.settings.max_restarts:
                 raise GputuiError(f"cluster run stopped {attempt} times; giving up (max_restarts "
-                                  f"{ctx.settings.max_restarts}); resume later with: gputui run --resume {ctx.run.run_id}")
+                                  f"{ctx.settings.max_restarts}); resume later with: gputui run --resume {resume_ref(ctx.run)}")
             why = "a node was lost" if self.lost else "the group stopped on a slave (a spot notice or the budget)"
             try:
                 self.recovery.refill(self.lost)

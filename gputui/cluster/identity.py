@@ -23,6 +23,13 @@ _NONCE = re.compile(r"^[0-9a-f]{16,64}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
+def resume_ref(run: RunDir) -> str:
+    """How `gputui run --resume` names this run: its id under the default location, else its path."""
+    from gputui.paths import runs_home
+
+    return run.run_id if run.path.parent == runs_home() else str(run.path)
+
+
 def new_nonce() -> str:
     return secrets.token_hex(8)
 

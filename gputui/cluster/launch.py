@@ -24,7 +24,7 @@ from gputui import runs
 from gputui.cluster.attempts import Attempts, Outcome
 from gputui.cluster.bringup import bring_up
 from gputui.cluster.context import Phase, RunContext
-from gputui.cluster.identity import RunIdentity
+from gputui.cluster.identity import RunIdentity, resume_ref
 from gputui.cluster.output import Output, stderr_line
 from gputui.cluster.settings import ClusterSettings, load_cluster
 from gputui.cluster.stopping import Reporter, StopRequests, Stopped
@@ -83,9 +83,7 @@ class ClusterRun:
     def _result(self, outcome: str, trained: bool) -> str:
         if outcome != "interrupted" or self.run.checkpoint.is_file():
             return outcome
-        from gputui.paths import runs_home
-
-        ref = self.run.run_id if self.run.path.parent == runs_home() else str(self.run.path)
+        ref = resume_ref(self.run)
         if trained:
             stderr_line(f"interrupted: no checkpoint reached {self.run.path} (the nodes keep theirs); "
                         f"resume with: gputui run --resume {ref}")

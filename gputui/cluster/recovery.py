@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gputui.cluster.bringup import connect_cloud, connect_host, prepare, record_started
 from gputui.cluster.context import RunContext
+from gputui.cluster.identity import resume_ref
 from gputui.cluster.members import Node
 from gputui.errors import GputuiError
 
@@ -41,7 +42,7 @@ class Recovery:
                          message=f"{replacement.name} ({replacement.address}) takes the place of {node.name}")
         if len(ctx.group) < ctx.settings.min_nodes:
             raise GputuiError(f"only {len(ctx.group)} node(s) left, fewer than min_nodes {ctx.settings.min_nodes}; "
-                              f"resume later with: gputui run --resume {ctx.run.run_id}")
+                              f"resume later with: gputui run --resume {resume_ref(ctx.run)}")
 
     def _replace(self, node: Node) -> Node | None:
         """A node to take a lost one's place: a new cloud slave, or the same host/master again."""
