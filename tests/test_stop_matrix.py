@@ -40,6 +40,7 @@ from .cluster_fixture import (  # noqa: F401 - fixtures
 )
 from .conftest import cli_env
 from .proc_support import Child, wait_until
+from .test_run_network import SECRETS, assert_loopback_only, environments, listening, run_processes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -99,9 +100,9 @@ class Hooks:
 
     path: Path
 
-    def env(self, stuck: str | None = None) -> dict[str, str]:
+    def env(self, stuck: str | None = None, **more: str) -> dict[str, str]:
         extra = {"PYTHONPATH": os.pathsep.join(p for p in (str(self.path), os.environ.get("PYTHONPATH", "")) if p),
-                 "GPUTUI_TEST_HOOK_DIR": str(self.path), "GPUTUI_STEP_EVENT_INTERVAL": "0.05"}
+                 "GPUTUI_TEST_HOOK_DIR": str(self.path), "GPUTUI_STEP_EVENT_INTERVAL": "0.05", **more}
         if stuck is not None:
             extra["GPUTUI_TEST_STUCK_RANK"] = stuck
             # torchrun's own SIGTERM -> SIGKILL wait for its workers, 30 s by default, made longer than
@@ -320,8 +321,11 @@ def test_sigkill_of_the_command(run: Run, hooks: Hooks) -> None:
 
 
 def test_stdout_closed_by_its_reader(run: Run, hooks: Hooks) -> None:
-    """`gputui run --json ... | head -c 100`: the reader goes away after the first step event."""
-    proc = subprocess.Popen(run.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hooks.env())
+    """`gputui run --json ... | head -c 100`: the reader goes away after the first step event.
+    (A DDP run is also checked while it trains: every socket of the run listens on loopback,
+    and no worker inherited a credential; a cluster run is, in tests/test_run_network.py.)"""
+    proc = subprocess.Popen(run.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hooks.env(**SECRETS))
+    sockets, workers = [], []
     try:
         assert proc.stdout is not None and proc.stderr is not None
         seen, deadline = b"", time.monotonic() + 180
@@ -329,6 +333,10 @@ def test_stdout_closed_by_its_reader(run: Run, hooks: Hooks) -> None:
             assert time.monotonic() < deadline and proc.poll() is None, f"no step event: {seen[-800:]!r}{run.tails()}"
             if select.select([proc.stdout], [], [], 0.5)[0]:
                 seen += os.read(proc.stdout.fileno(), 65536)
+        if run.kind == "ddp":
+            procs = run_processes(proc.pid)
+            sockets = listening(procs + [psutil.Process(proc.pid)])
+            workers = [e for e in environments(procs) if "RANK" in e]
         proc.stdout.close()  # the next event the command writes breaks the pipe
         try:
             proc.wait(GRACEFUL_S)
@@ -342,6 +350,13 @@ def test_stdout_closed_by_its_reader(run: Run, hooks: Hooks) -> None:
             proc.wait(30)
     assert "Traceback" not in err, err[-3000:]
     run.assert_none_left(GONE_S, "the reader closed the command's stdout and the command ended")
+    if run.kind == "ddp":
+        assert sockets, "no listening socket found: the check would pass vacuously"
+        assert_loopback_only(sockets)
+        assert len(workers) == 2
+        for env in workers:
+            assert env.get("GPUTUI_KEEP_ME") == "kept"
+            assert not {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "SSH_AUTH_SOCK", "GITHUB_TOKEN"} & set(env)
 
 
 def test_a_rank_stuck_in_a_collective(run: Run, hooks: Hooks) -> None:
