@@ -2,7 +2,7 @@
 
 Every row is a real, short `gputui run` (one epoch of a slice of the bundled MNIST holding
 `steps` global batches) through the same code paths as training: single process on the CPU
-and on each GPU, DataParallel and DDP over all local GPUs, DDP over CPU processes (gloo),
+and on each GPU (eager, and GPU 0 with the CUDA-graph step), DataParallel and DDP over all local GPUs, DDP over CPU processes (gloo),
 and the cluster's nodes when a cluster profile is given. The rate is taken between the
 first step event and the end of the epoch, so start-up and the first step's one-time costs
 are left out; evaluation is never counted. A configuration this machine cannot run (no GPU)
@@ -40,6 +40,7 @@ class RowSpec:
     threads: int | None = None
     profile: Path | None = None  # the cluster profile (cluster rows)
     skip: str | None = None  # why this row cannot run here
+    cuda_graph: bool | None = None  # single on CUDA: the graph-captured step (True) or the eager one
 
 
 @dataclass
@@ -69,7 +70,9 @@ def plan(models: Sequence[str], gpu_count: int, cpu_procs: int, cluster: Any = N
         rows.append(RowSpec(f"{model} cpu ddp x{cpu_procs}", model, "cpu", "ddp", cpu_procs, cpu, nproc=cpu_procs, threads=1))
         gpu0 = f"{model} cuda:0"
         for index in range(max(gpu_count, 1)):
-            rows.append(RowSpec(f"{model} cuda:{index}", model, f"cuda:{index}", "single", 1, gpu0, skip=no_gpu))
+            rows.append(RowSpec(f"{model} cuda:{index}", model, f"cuda:{index}", "single", 1, gpu0, skip=no_gpu,
+                                cuda_graph=False))
+        rows.append(RowSpec(f"{model} cuda:0 graph", model, "cuda:0", "single", 1, gpu0, skip=no_gpu, cuda_graph=True))
         n = max(gpu_count, 1)
         gpus = tuple(range(gpu_count)) or None
         rows.append(RowSpec(f"{model} dataparallel x{n} GPU", model, "cuda", "dataparallel", n, gpu0, gpus=gpus, skip=no_gpu))
@@ -110,7 +113,8 @@ def measure(spec: RowSpec, data: Path, batch_size: int, work: Path) -> BenchRow:
         return row
     settings = RunSettings(model=spec.model, device=None if spec.strategy == "cluster" else spec.device,
                            strategy=None if spec.strategy == "cluster" else spec.strategy, nproc=spec.nproc, gpus=spec.gpus,
-                           epochs=1, batch_size=batch_size, evals_per_epoch=1, seed=0, data=str(data), threads=spec.threads)
+                           epochs=1, batch_size=batch_size, evals_per_epoch=1, seed=0, data=str(data), threads=spec.threads,
+                           cuda_graph=spec.cuda_graph)
     view = CollectView()
     request = RunRequest(profile=spec.profile, overrides=settings, run_dir=work / spec.label.replace(" ", "_").replace(":", ""))
     try:

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, help="directory for this run (default: under the user data dir)")
     run.add_argument("--resume", metavar="RUN_ID|last", help="continue a run from its last checkpoint")
     run.add_argument("--json", action="store_true", help="print the events as JSON lines on stdout, nothing else")
+    run.add_argument("--cuda-graph", dest="cuda_graph", action=argparse.BooleanOptionalAction, default=None,
+                     help="single on CUDA: capture each training step as one CUDA graph (default: on; "
+                     "--no-cuda-graph trains eagerly)")
     run.set_defaults(handler=cmd_run)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -88,6 +91,8 @@ def run_overrides(args: argparse.Namespace) -> Any:
             raise UserError(f"{flag} {text}: expected {exc}") from None
     if args.data is not None:
         values["data"] = str(args.data.expanduser().resolve())
+    if getattr(args, "cuda_graph", None) is not None:
+        values["cuda_graph"] = bool(args.cuda_graph)
     return RunSettings(**values)
 
 

@@ -60,6 +60,7 @@ RUN_SECTION = Section(
         "seed": Field("int", "Random seed: same seed, same run (0 to 2**32-1).", 0, minimum=0, maximum=2**32 - 1),
         "data": Field("str", "Directory holding the four MNIST-format IDX files (default: bundled MNIST).", None),
         "threads": Field("int", "CPU threads for torch (default: torch's choice).", None, minimum=1, maximum=1024),
+        "cuda_graph": Field("bool", "single on CUDA: capture each training step as one CUDA graph (false: eager).", True),
     },
 )
 
@@ -93,6 +94,7 @@ class RunSettings:
     seed: int | None = None
     data: str | None = None
     threads: int | None = None
+    cuda_graph: bool | None = None
 
     def merged(self, override: "RunSettings") -> "RunSettings":
         """These settings with every non-None value of `override` on top."""
@@ -139,6 +141,7 @@ class RunConfig:
     seed: int
     data: str | None
     threads: int | None
+    cuda_graph: bool = True
 
     def to_toml(self) -> str:
         """The resolved profile, as a TOML document loadable by `load_profile`."""

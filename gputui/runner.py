@@ -22,7 +22,7 @@ from gputui.paths import profiles_dir, runs_home
 from gputui.profiles import RunConfig, RunSettings, load_profile
 
 # Settings a resumed run may change; the others would break the checkpoint or its schedule.
-RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch"}
+RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch", "cuda_graph"}
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         fixed = sorted(set(changed) - RESUMABLE)
         if fixed:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
-            raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc)")
+            raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc, --cuda-graph)")
         cfg = load_profile(run.profile).run.merged(req.overrides).resolve()
         run.profile.write_text(cfg.to_toml(), encoding="utf-8")
         return run, cfg, True

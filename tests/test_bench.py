@@ -45,7 +45,7 @@ def test_bench_measures_cpu_ddp_and_the_cluster_and_keeps_the_rows(
     n = max(gpus, 1)
     gpu_rows = [r for r in doc["rows"] if "cuda" in r["label"] or "GPU" in r["label"]]
     assert [r["label"] for r in gpu_rows] == [f"seed cuda:{i}" for i in range(n)] + [
-        f"seed dataparallel x{n} GPU", f"seed ddp x{n} GPU"]
+        "seed cuda:0 graph", f"seed dataparallel x{n} GPU", f"seed ddp x{n} GPU"]
     for row in gpu_rows:
         if gpus:
             assert row["status"] == "ok" and row["samples_per_s"] > 0 and row["detail"] == "", row
@@ -66,9 +66,12 @@ def test_plan_covers_each_gpu_dataparallel_ddp_and_the_cluster() -> None:
 
     rows = plan(["seed", "fast"], gpu_count=2, cpu_procs=2, cluster=Cluster(), cluster_profile=Path("c.toml"))
     labels = [r.label for r in rows if r.model == "seed"]
-    assert labels == ["seed cpu x1", "seed cpu ddp x2", "seed cuda:0", "seed cuda:1", "seed dataparallel x2 GPU",
-                      "seed ddp x2 GPU", "seed cluster 3 node(s) x2"]
-    cluster = rows[6]
+    assert labels == ["seed cpu x1", "seed cpu ddp x2", "seed cuda:0", "seed cuda:1", "seed cuda:0 graph",
+                      "seed dataparallel x2 GPU", "seed ddp x2 GPU", "seed cluster 3 node(s) x2"]
+    graph = rows[4]
+    assert (graph.device, graph.strategy, graph.cuda_graph, graph.baseline) == ("cuda:0", "single", True, "seed cuda:0")
+    assert [r.cuda_graph for r in rows[2:4]] == [False, False]  # the per-GPU rows are the eager step
+    cluster = rows[7]
     assert (cluster.workers, cluster.baseline, cluster.strategy) == (6, "seed cuda:0", "cluster")
     assert all(r.skip is None for r in rows)
     assert [r.baseline for r in rows if r.model == "fast"][:3] == ["fast cpu x1", "fast cpu x1", "fast cuda:0"]

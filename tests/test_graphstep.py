@@ -174,3 +174,24 @@ def test_cuda_graph_replays_what_the_eager_body_computes() -> None:
     assert graph.graph is not None and graph.failed is None and graph.impl == "graph"
     assert torch.tensor(graph_rows) == pytest.approx(torch.tensor(eager_rows), rel=1e-4)
     assert _max_diff(eager.model, graph.model) < 1e-4
+
+
+def test_a_checkpoint_keeps_what_the_optimizer_learnt_not_how_it_runs() -> None:
+    """An eager run's optimizer state (foreach, not capturable, a float rate) loaded into the
+    graph step's optimizer keeps the graph's fused, tensor-rate way of running, and the
+    reverse: on CUDA a foreach Adam with a tensor rate cannot even step."""
+    from gputui.train.step import load_optimizer_state, portable_state
+
+    eager_model, _ = _eager(3)
+    eager_opt = torch.optim.Adam(eager_model.parameters(), lr=0.01, foreach=True)
+    eager_model(_data()[0][:4]).sum().backward()
+    eager_opt.step()
+    gs, _ = _graph(2)
+    load_optimizer_state(gs.optimizer, portable_state(eager_opt), gs)
+    group = gs.optimizer.param_groups[0]
+    assert group["fused"] is True and group["foreach"] in (None, False) and group["lr"] is gs.lr
+    assert float(gs.lr) == pytest.approx(0.01)
+    back = portable_state(gs.optimizer)
+    assert isinstance(back["param_groups"][0]["lr"], float)
+    load_optimizer_state(eager_opt, back, object())
+    assert eager_opt.param_groups[0]["foreach"] is True and not eager_opt.param_groups[0]["fused"]

@@ -31,14 +31,15 @@ from gputui.runs import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset
 from gputui.train.meter import LastGood, Meter, Pace, eval_points, evaluate, step_event_interval
-from gputui.train.step import EagerStep, Schedule, Step, epoch_permutation, keep_freed_memory, make_optimizer, to_device
-from gputui.train.step import lr_at  # noqa: F401 - the loop's public names, as before the split
+from gputui.train.step import (Schedule, Step, epoch_permutation, keep_freed_memory, load_optimizer_state,  # noqa: F401
+                               lr_at, make_optimizer, make_step, portable_state, to_device)  # (lr_at: a public name)
 
 __all__ = ["Diverged", "Dist", "StopFlag", "Trainer", "eval_points", "evaluate", "lr_at", "make_optimizer", "to_device",
            "epoch_permutation", "STEP_EVENT_INTERVAL_S"]
 
 Emit = Callable[[dict[str, Any]], None]
 STEP_EVENT_INTERVAL_S = step_event_interval()  # read once; by default a step event per 0.5 s of training
+POLL_EVERY = 8  # ddp: steps between the ranks' agreement on a stop request (8 steps: well under 5 s)
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,12 @@ class Trainer:
         model = nets.build(cfg.model, data.image_shape, data.num_classes)
         self.model = model.to(device=device, memory_format=torch.channels_last)
         self.net = self._wrap(self.model)
-        self.optimizer = make_optimizer(cfg, self.model.parameters())
         self.x, self.y = to_device(data.train_images, data.train_labels, device)
         self.test_x, self.test_y = to_device(data.test_images, data.test_labels, device)
         self.num_classes = data.num_classes
-        self.step_fn: Step = EagerStep(self.model, self.net, self.optimizer, self.x, self.y, cfg.l1)
+        self.step_fn: Step
+        self.optimizer, self.step_fn = make_step(cfg, self.model, self.net, self.x, self.y, dist is None and
+                                                 cfg.strategy == "single", self.steps_per_epoch, self._fell_back)
         self.meter = Meter(device, world)
         self.schedule = Schedule(cfg, self.total_steps, self.total_steps - 1)
         # Position (restored on resume).
@@ -107,6 +109,10 @@ class Trainer:
         self.best_acc: float | None = None
         self.last_acc: float | None = None
         self.last_good = LastGood(self.state())  # where training begins is good (train() takes it again)
+
+    def _fell_back(self, reason: str) -> None:
+        self._emit("fallback", from_impl="graph", to_impl="eager", reason=reason, step=self.step,
+                   message=f"CUDA graph step off ({reason}); training goes on with the eager step")
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.dist is not None:
@@ -126,7 +132,7 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         s = self.schedule
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
+        return {"model": self.model.state_dict(), "optimizer": portable_state(self.optimizer), "epoch": self.epoch,
                 "batch": self.batch, "step": self.step, "steps_per_epoch": self.steps_per_epoch,
                 "total_steps": self.total_steps, "best_acc": self.best_acc, "last_acc": self.last_acc,
                 **self.meter.state(), "num_classes": self.num_classes, "torch_rng": torch.get_rng_state(),
@@ -139,7 +145,7 @@ class Trainer:
     def _apply(self, state: dict[str, Any]) -> None:
         """Put a state (a checkpoint's, or a copy kept in memory) back into this trainer."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"], self.step_fn)
         torch.set_rng_state(state["torch_rng"])
         for key in ("epoch", "batch", "step", "best_acc", "last_acc"):
             setattr(self, key, state[key])
@@ -164,10 +170,13 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
     def _poll(self, pace: Pace) -> tuple[bool, bool]:
-        """(stop requested, step event due by the timer), agreed by every rank: one collective a step."""
+        """(stop requested, step event due by the timer), agreed by every rank: one collective every
+        POLL_EVERY steps under DDP (the batch count is the same on every rank)."""
         stop, due = self.stop.is_set(), pace.timer_due(self.meter)
         if self.dist is None:
             return stop, due
+        if self.batch % POLL_EVERY:
+            return False, False  # the ranks agree every few steps, not at every one (a host sync each)
         import torch.distributed as tdist
 
         flags = torch.tensor([float(stop), float(due)], device=self.device)
@@ -205,7 +214,7 @@ class Trainer:
         test_loss, test_acc = evaluate(self.model, self.test_x, self.test_y)
         self.meter.add_eval(time.perf_counter() - t0)
         if not math.isfinite(test_loss):
-                self._diverge(self.step, self.last_good.before(0))
+            self._diverge(self.step, self.last_good.before(0))
         self.last_acc = test_acc
         self.best_acc = test_acc if self.best_acc is None else max(self.best_acc, test_acc)
         return dict(epoch=self.epoch + 1, step=self.step, test_loss=round(test_loss, 5), test_acc=round(test_acc, 2),

@@ -128,6 +128,47 @@ def to_device(images: Any, labels: Any, device: torch.device) -> tuple[torch.Ten
     return x, y
 
 
+IMPL_FLAGS = ("fused", "capturable", "foreach", "differentiable")  # how an optimizer runs, not what it learnt
+
+
+def make_step(cfg: RunConfig, model: nn.Module, net: nn.Module, x: torch.Tensor, y: torch.Tensor, graph: bool,
+              steps_per_epoch: int, on_fallback: Any) -> tuple[torch.optim.Optimizer, "Step"]:
+    """The optimizer and the step: one CUDA graph per step where `graph` allows it (one process)
+    on CUDA and cfg.cuda_graph is on; the eager step everywhere else."""
+    # GPUTUI_TEST_GRAPH_ANYWHERE=1 (a test hook): the graph step on any device; off CUDA its capture
+    # fails, which is how the CPU tests reach the fallback.
+    anywhere = os.environ.get("GPUTUI_TEST_GRAPH_ANYWHERE") == "1"
+    if graph and cfg.cuda_graph and (x.device.type == "cuda" or anywhere):
+        from gputui.train.graphstep import GraphStep, graph_optimizer
+
+        optimizer = graph_optimizer(cfg.optimizer, model.parameters(), cfg.lr, x.device, cfg.betas, cfg.momentum,
+                                    cfg.weight_decay)
+        return optimizer, GraphStep(model, optimizer, x, y, cfg.batch_size, cfg.l1, capacity=steps_per_epoch + 1,
+                                    on_fallback=on_fallback, capture=True, nan_at=nan_test_step())
+    optimizer = make_optimizer(cfg, model.parameters())
+    return optimizer, EagerStep(model, net, optimizer, x, y, cfg.l1)
+
+
+def portable_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state with a plain learning rate (the graph step's is a device tensor), so a
+    checkpoint resumes on either step."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], step: Any) -> None:
+    """Load a checkpoint's optimizer state; how the optimizer runs (fused, capturable, foreach)
+    stays this process's choice, and a graph step gets its tensor learning rate back."""
+    own = {k: v for k, v in optimizer.param_groups[0].items() if k in IMPL_FLAGS}
+    optimizer.load_state_dict({**saved, "param_groups": [{**g, **own} for g in saved["param_groups"]]})
+    adopt = getattr(step, "adopt_optimizer_state", None)
+    if adopt is not None:
+        adopt()
+
+
 def make_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
