@@ -50,6 +50,10 @@ SPEC: dict[str, dict[str, str]] = {
     "node_unavailable": {**_MESSAGE, "node": "str"},
     "node_dropped": {**_MESSAGE, "node": "str", "nodes": "int"},
     "node_replaced": {**_MESSAGE, "node": "str", "by": "str"},
+    # The monitor and the dashboard.
+    "alert": {**_MESSAGE, "rule": "str", "state": "str", "host": "str", "gpu": "int", "run_id": "str", "value": "any",
+              "threshold": "num", "since": "num"},
+    "kill": {**_MESSAGE, "host": "str", "pid": "int", "signal": "str", "ok": "bool"},
 }
 
 # The fields that are numbers in every event that has them (what a reader of an unknown event checks).

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from gputui.alerts import ALERTS_SECTION
 from gputui.cloud.settings import CLOUD_SECTION
 from gputui.cluster.settings import CLUSTER_SECTION
 from gputui.errors import UserError, read_user_file
@@ -68,6 +69,7 @@ RUN_SECTION = Section(
 # listed here, so that a profile is validated whole whatever has been imported.
 PROFILE_SECTIONS: dict[str, Section] = {
     "run": RUN_SECTION, "hosts": HOSTS_SECTION, "cloud": CLOUD_SECTION, "cluster": CLUSTER_SECTION,
+    "alerts": ALERTS_SECTION,
 }
 
 

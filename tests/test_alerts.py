@@ -249,11 +249,6 @@ def test_delivery_failures_are_one_line_each(tmp_path: Path) -> None:
 
 # -- gputui monitor: {"alert": ...} lines, from a profile, against a real sshd ----------------
 
-# profiles.py lists [alerts] among its tables (the one-line hook); until it does, the child adds it.
-HOOKED = ("import sys; from gputui import alerts, profiles; "
-          "profiles.PROFILE_SECTIONS.setdefault('alerts', alerts.ALERTS_SECTION); "
-          "from gputui.cli import main; sys.exit(main(sys.argv[1:]))")
-
 
 def test_monitor_json_prints_alert_lines_once_and_delivers_them(
     sshd_factory: SshdFactory, tmp_path: Path, hook: Hook, recorder: tuple[str, Path],
@@ -274,7 +269,7 @@ def test_monitor_json_prints_alert_lines_once_and_delivers_them(
                        f'[alerts]\ngpu_temperature_c = 85\nthrottled_s = 0\ncommand = "{command}"\nwebhook = "{hook.url}"\n')
     env = cli_env(HOME=str(home))
     env.pop("SSH_AUTH_SOCK", None)
-    argv = [sys.executable, "-c", HOOKED, "monitor", "--json", "--no-local", "--profile", str(profile), "--interval", "0.1"]
+    argv = [sys.executable, "-m", "gputui", "monitor", "--json", "--no-local", "--profile", str(profile), "--interval", "0.1"]
     try:
         with Child(argv, env=env, name="gputui monitor --json") as child:
             child.wait_for(lambda e: "alert" in e, 60, "the first alert line")
