@@ -8,7 +8,6 @@ line, the key and what is expected (exit 2).
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -146,30 +145,27 @@ class RunConfig:
     cuda_graph: bool = True
 
     def to_toml(self) -> str:
-        """The resolved profile, as a TOML document loadable by `load_profile`."""
-        lines = ["# Resolved profile of this run (written by gputui; used by --resume).", "[run]"]
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                continue
-            lines.append(f"{f.name} = {_toml_value(value)}")
-        return "\n".join(lines) + "\n"
+        """The resolved profile, as a TOML document loadable by `load_profile`.
+
+        Written by tomli-w, so any string (quotes, backslashes, control and non-BMP characters
+        such as an emoji in a `data` path) survives the round trip; None values are left out.
+        """
+        return _TOML_HEADER + _dump_toml({"run": {f.name: getattr(self, f.name) for f in fields(self)}})
 
     def settings(self) -> RunSettings:
         """These values as (fully set) settings, to merge flags on top of."""
         return RunSettings(**{f.name: getattr(self, f.name) for f in fields(self)})
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(type(value))  # pragma: no cover
+_TOML_HEADER = "# Resolved profile of this run (written by gputui; used by --resume).\n"
+
+
+def _dump_toml(doc: Mapping[str, Mapping[str, Any]]) -> str:
+    import tomli_w  # lazy: only the master writes profiles (slaves only read them)
+
+    return tomli_w.dumps({table: {k: list(v) if isinstance(v, tuple) else v
+                                  for k, v in values.items() if v is not None}
+                          for table, values in doc.items()})
 
 
 @dataclass(frozen=True)
