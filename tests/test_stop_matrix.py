@@ -3,7 +3,7 @@ the run is left, on this machine or on a cluster node.
 
 Each path is run for a local DDP run (torchrun, 2 gloo processes) and for a 2-node loopback
 cluster (the master's own node and n0 behind a real sshd on 127.0.0.2). The paths: SIGINT
-once, twice and three times, SIGTERM, SIGKILL of the command, its stdout closed by the reader
+once, twice and (on the cluster, whose teardown it meets) three times, SIGTERM, SIGKILL of the command, its stdout closed by the reader
 (`| head -c 100`), and a rank stuck in a collective. Every signal follows an event of the run:
 the first one its first `step`; each further one the run's acknowledgement of the one before.
 A cluster run acknowledges each stop request with a `stopping` event ("stopping: N slaves
@@ -278,12 +278,14 @@ def stick(run: Run, child: Child, hooks: Hooks) -> None:
                detail=lambda: child._seen() + run.tails())
 
 
-@pytest.mark.parametrize("times", [1, 2, 3])
+@pytest.mark.parametrize(("run", "times"), [("ddp", 1), ("cluster", 1), ("ddp", 2), ("cluster", 2), ("cluster", 3)],
+                         indirect=["run"])
 def test_sigint(run: Run, hooks: Hooks, times: int) -> None:
-    """Ctrl-C once: the run checkpoints and stops. Twice: it stops at once. Three times: the
-    third comes while the run tears down (a cluster releases its slaves then) and changes
-    nothing about what is left. For two and three, a rank is stuck in a collective, so that the
-    stop is still under way when the next Ctrl-C comes (a healthy run is gone by then)."""
+    """Ctrl-C once: the run checkpoints and stops. Twice: it stops at once. Three times (a
+    cluster: a DDP run is gone after the second): the third comes while the run tears down and
+    releases its slaves, and changes nothing about what is left. For two and three, a rank is
+    stuck in a collective, so that the stop is still under way when the next Ctrl-C comes (a
+    healthy run is gone by then)."""
     with start(run, hooks, stuck=times > 1) as child:
         first_step(run, child)
         if times > 1:
