@@ -91,13 +91,16 @@ def execute(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
 
 
 def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
+    from gputui.train.startup import Prefetch, warm_dynamo
+
+    prefetch = Prefetch(Path(cfg.data) if cfg.data else None)  # decodes while torch imports
     import torch
 
-    from gputui.train.data import load_dataset
     from gputui.train.devices import resolve_device
     from gputui.train.distributed import error_event
     from gputui.train.loop import StopFlag, Trainer
 
+    warm_dynamo()  # gputui's modules are in: the optimizer's import of torch._dynamo starts now
     device, why = resolve_device(cfg.device)
     start_info: dict[str, Any] = {"device_choice": why}
     if cfg.strategy == "dataparallel":
@@ -114,7 +117,7 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
         torch.set_num_threads(cfg.threads)
     stop = StopFlag()
     with _stop_on_signals(stop):
-        data = load_dataset(Path(cfg.data) if cfg.data else None)
+        data = prefetch.dataset()
         log = runs.EventLog(run.events)
         emit = _tee(log, view)
         try:
@@ -155,7 +158,7 @@ def _tee(log: runs.EventLog, view: View) -> Callable[[dict[str, Any]], None]:
 
 
 class _stop_on_signals:
-    """SIGTERM/SIGINT ask the loop to checkpoint and stop; a second SIGINT stops at once."""
+    """SIGTERM/SIGINT/SIGHUP ask the loop to checkpoint and stop; a second SIGINT stops at once."""
 
     def __init__(self, stop: Any) -> None:
         self.stop = stop
@@ -167,7 +170,9 @@ class _stop_on_signals:
         self.stop.set(signal.Signals(signum).name)
 
     def __enter__(self) -> "_stop_on_signals":
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        from gputui.supervisor import STOP_SIGNALS
+
+        for sig in STOP_SIGNALS:
             self.previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -23,6 +23,8 @@ import psutil
 
 TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's own SIGTERM -> SIGKILL wait for its workers
 GRACE_S = TORCHRUN_SHUTDOWN_S + 5.0
+# What asks a run to stop with a checkpoint: Ctrl-C, a kill, and a closed terminal (SIGHUP).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGINT, signal.SIGTERM)
 _PR_SET_CHILD_SUBREAPER = 36
 
 

@@ -16,13 +16,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gputui.errors import GputuiError, UserError
 from gputui.runs import RunDir
-from gputui.supervisor import Tree, become_subreaper
+from gputui.supervisor import STOP_SIGNALS, Tree, become_subreaper
 from gputui.train.rdzv import LOOPBACK, clean_env, release, serve_store
 
 LAUNCHER_LOG = "launcher.log"
@@ -95,12 +96,12 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
 
     def forward(signum: int, _frame: Any) -> None:
         signals["count"] += 1
-        if signals["count"] == 1:
-            tree.send(signal.SIGTERM)  # every rank checkpoints
+        if signals["count"] == 1:  # every rank checkpoints; the supervisor's grace bounds the wait
+            threading.Thread(target=tree.stop, name="gputui-ddp-stop", daemon=True).start()
         else:
             tree.kill()
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     last: dict[str, Any] | None = None
     buffer = b""
     looked = time.monotonic()
@@ -128,19 +129,32 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
         tree.stop()
         raise
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        tree.kill()  # nothing of the run outlives the command (a no-op once all have exited)
-        release(store)
+        try:
+            tree.kill()  # nothing of the run outlives the command (a no-op once all have exited)
+            release(store)
+        finally:  # only now: a signal in between is still forwarded, never a KeyboardInterrupt
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     kind = last.get("event") if last else None
     if kind in ("done", "interrupted"):
         return str(kind)
     if kind == "error":
         error = UserError if last and last.get("exit_code") == 2 else GputuiError
         raise error(str(last.get("message") if last else ""))
-    if signals["count"]:
-        return "interrupted"
+    if signals["count"]:  # stopped before the ranks said they checkpointed: say what there is
+        print(_stopped_line(run), file=sys.stderr)
+        return "stopped"
     raise GputuiError(f"ddp workers failed (torchrun exit {proc.returncode}): {_last_line(log_path)}; see {log_path}")
+
+
+def _stopped_line(run: RunDir) -> str:
+    from gputui.paths import runs_home
+
+    ref = run.run_id if run.path.parent == runs_home() else str(run.path)
+    if not run.checkpoint.is_file():
+        return "stopped before the first checkpoint: nothing to resume; start a new run"
+    return (f"stopped before the workers saved this point; the last checkpoint is in {run.path}; "
+            f"resume with: gputui run --resume {ref}")
 
 
 def _last_line(path: Path) -> str:
