@@ -1,7 +1,7 @@
 """What a run exposes to the network: every socket it listens on is bound to a loopback
 address (never every interface), slaves reach the rendezvous through their SSH tunnel,
 and no process started for a run inherits the master's credentials. (A DDP run is checked
-the same way in tests/test_supervisor.py, on the run whose output is closed.)"""
+the same way in tests/test_stop_matrix.py, on the DDP run whose output is closed.)"""
 
 from __future__ import annotations
 
