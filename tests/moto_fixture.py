@@ -2,7 +2,9 @@
 
 Nothing can reach AWS: every AWS client goes to moto through AWS_ENDPOINT_URL, and
 HTTP(S)_PROXY point at a closed loopback port with only loopback exempt, so a request
-that escaped the endpoint setting would fail instead of leaving the machine.
+that escaped the endpoint setting would fail instead of leaving the machine. moto has no
+Pricing API (its server prints to stdout when asked), so AWS_ENDPOINT_URL_PRICING points
+at that closed port too: on-demand prices come from the shipped table, as with no network.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def aws_environment(endpoint: str, home: Path) -> dict[str, str]:
         "AWS_CONFIG_FILE": str(home / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
         "HTTP_PROXY": DEAD_PROXY, "HTTPS_PROXY": DEAD_PROXY, "http_proxy": DEAD_PROXY, "https_proxy": DEAD_PROXY,
         "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+        "AWS_ENDPOINT_URL_PRICING": DEAD_PROXY,
         "GPUTUI_OWNER": OWNER, "GPUTUI_PUBLIC_IP_URL": DEAD_PROXY + "/", "GPUTUI_CLOUD": "ec2",
     }
 

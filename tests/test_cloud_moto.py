@@ -17,16 +17,9 @@ from gputui.cloud.ec2 import Ec2Provider
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.lifecycle import key_pair_name
 
-from .moto_fixture import (DEAD_PROXY, DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, OWNER, REGION, SSH_CIDR, Aws, aws,  # noqa: F401
+from .moto_fixture import (DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, OWNER, REGION, SSH_CIDR, Aws, aws,  # noqa: F401
                            cli, moto_server)
 from .proc_support import wait_until
-
-
-@pytest.fixture(autouse=True)
-def no_pricing_api(monkeypatch: pytest.MonkeyPatch) -> None:
-    """moto has no Pricing API (its server prints to stdout when asked): pricing calls meet a closed
-    loopback port instead, as with no network, and the shipped table stands in."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", DEAD_PROXY)
 
 
 @contextmanager
@@ -169,8 +162,12 @@ def test_ls_marks_orphans_and_sweep_terminates_only_them(aws: Aws, capsys: pytes
     assert stranger not in by_id  # only gputui's instances
     assert by_id[mine]["orphan"] and by_id[theirs]["orphan"] and by_id[mine]["cost_usd"] is None
     assert sum(not i["orphan"] for i in listing["instances"]) == 2
+    # Each known rate names its source (EC2's spot price history, asked today); orphans have none yet.
+    assert all(i["price_source"].startswith("api 20") for i in listing["instances"] if not i["orphan"])
+    assert by_id[mine]["price_source"] is None
     assert main(["cloud", "ls", "--profile", str(aws.profile)]) == 0
-    assert "ORPHAN" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "ORPHAN" in table and "(api 20" in table
     # Without a terminal and without --yes, a destructive command refuses.
     assert main(["cloud", "sweep", "--profile", str(aws.profile)]) == 2
     assert "pass --yes" in capsys.readouterr().err
@@ -181,6 +178,9 @@ def test_ls_marks_orphans_and_sweep_terminates_only_them(aws: Aws, capsys: pytes
     with Ledger() as ledger:
         swept = ledger.get(mine)
     assert swept is not None and swept.ended_by == "sweep" and swept.cluster == "lost"
+    # An on-demand orphan is metered at the region's on-demand price: the Pricing API cannot be
+    # reached here, so the table's, saying so.
+    assert swept.hourly_price == 0.526 and getattr(swept.hourly_price, "source", None) == "table 2024-06-01"
     assert main(["cloud", "sweep", "--profile", str(aws.profile), "--yes", "--any-owner"]) == 0
     states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]}
     assert states[theirs] == "terminated" and states[stranger] == "running"

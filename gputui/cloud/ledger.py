@@ -1,8 +1,10 @@
 """The cost ledger: a SQLite database in the user data directory (WAL, versioned schema).
 
 It holds the instances gputui launched (and orphans it swept), their price lines, runs,
-local GPU energy lines and cloud events. Every write is one transaction, so a process
-killed mid-write leaves the previous state intact. Safe to share between threads.
+local GPU energy lines and cloud events. Every price line names where its rate came from
+(`price_source`: "api 2026-11-25", "table 2024-06-01", "profile", "max_price", ...; NULL in
+lines written before schema 2). Every write is one transaction, so a process killed
+mid-write leaves the previous state intact. Safe to share between threads.
 """
 
 from __future__ import annotations
@@ -13,22 +15,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from gputui.cloud.pricing import SourcedPrice
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord, PricePoint
 from gputui.paths import data_home
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE instances (
     id TEXT PRIMARY KEY, provider TEXT NOT NULL, region TEXT NOT NULL, cluster TEXT NOT NULL, owner TEXT,
     type TEXT NOT NULL, zone TEXT NOT NULL, lifecycle TEXT NOT NULL, hourly_price REAL NOT NULL,
-    launched REAL NOT NULL, terminated REAL, state TEXT NOT NULL, ended_by TEXT, address TEXT
+    launched REAL NOT NULL, terminated REAL, state TEXT NOT NULL, ended_by TEXT, address TEXT, price_source TEXT
 );
 CREATE TABLE cost_lines (
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('instance', 'energy')),
     subject TEXT NOT NULL, cluster TEXT NOT NULL, run_id TEXT,
-    start REAL NOT NULL, "end" REAL, rate REAL NOT NULL, quantity REAL
+    start REAL NOT NULL, "end" REAL, rate REAL NOT NULL, quantity REAL, price_source TEXT
 );
 CREATE INDEX cost_lines_subject ON cost_lines (subject, start);
 CREATE TABLE runs (id TEXT PRIMARY KEY, cluster TEXT NOT NULL, started REAL NOT NULL, ended REAL, status TEXT);
@@ -36,17 +39,30 @@ CREATE TABLE events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, kind TEXT NOT NULL, instance_id TEXT, cluster TEXT, message TEXT NOT NULL
 );
 """
-# Future schema changes: {version they upgrade from: SQL}; applied in order on open.
-MIGRATIONS: dict[int, str] = {}
+# Schema changes: {version they upgrade from: columns to add as (table, column, declaration)};
+# applied in order on open. Each column is added only where it is missing, so a database
+# that already has it (a fresh one, or one a crashed upgrade left half done) is left alone.
+MIGRATIONS: dict[int, tuple[tuple[str, str, str], ...]] = {
+    1: (("instances", "price_source", "TEXT"), ("cost_lines", "price_source", "TEXT")),
+}
 INSTANCE_COLUMNS = ("id, provider, region, cluster, owner, type, zone, lifecycle, hourly_price, launched, "
                     "terminated, state, ended_by, address")
 
 
+def _sourced(rate: float, source: str | None) -> float:
+    """The rate as a SourcedPrice when its source is on record (a float either way)."""
+    return float(rate) if source is None else SourcedPrice(rate, source)
+
+
+def _source_of(rate: float, source: str | None) -> str | None:
+    return source if source is not None else getattr(rate, "source", None)
+
+
 def _record(row: Sequence[Any], prices: tuple[PricePoint, ...]) -> InstanceRecord:
     (instance_id, provider, region, cluster, owner, instance_type, zone, lifecycle, hourly_price, launched,
-     terminated, state, ended_by, address) = row
-    return InstanceRecord(instance_id, provider, region, cluster, owner, instance_type, zone, lifecycle, hourly_price,
-                          launched, terminated, state, ended_by, address, prices)
+     terminated, state, ended_by, address, price_source) = row
+    return InstanceRecord(instance_id, provider, region, cluster, owner, instance_type, zone, lifecycle,
+                          _sourced(hourly_price, price_source), launched, terminated, state, ended_by, address, prices)
 
 
 def default_path() -> Path:
@@ -117,7 +133,9 @@ class Ledger:
                     if statement.strip():
                         db.execute(statement)
             for step in range(max(version, 1), SCHEMA_VERSION):
-                db.execute(MIGRATIONS[step])
+                for table, column, declaration in MIGRATIONS[step]:
+                    if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def schema_version(self) -> int:
@@ -125,14 +143,22 @@ class Ledger:
 
     # instances -----------------------------------------------------------------------
     def record_launch(self, info: InstanceInfo, provider: str, region: str, cluster: str, owner: str | None,
-                      rate: float, ended_by: str | None = None, terminated: float | None = None) -> None:
-        """Remember a launched (or adopted) instance and open its first price line."""
+                      rate: float, ended_by: str | None = None, terminated: float | None = None,
+                      price_source: str | None = None) -> None:
+        """Remember a launched (or adopted) instance and open its first price line.
+
+        `price_source` says where the rate came from (default: a SourcedPrice's own source).
+        """
+        source = _source_of(rate, price_source)
         with self._write() as db:
-            db.execute(f"INSERT OR IGNORE INTO instances ({INSTANCE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            db.execute(f"INSERT OR IGNORE INTO instances ({INSTANCE_COLUMNS}, price_source) "
+                       "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                        (info.instance_id, provider, region, cluster, owner, info.instance_type, info.zone,
-                        info.lifecycle, rate, info.launched, terminated, info.state, ended_by, info.public_ip))
-            db.execute("INSERT INTO cost_lines (kind, subject, cluster, start, \"end\", rate) VALUES ('instance',?,?,?,?,?)",
-                       (info.instance_id, cluster, info.launched, terminated, rate))
+                        info.lifecycle, float(rate), info.launched, terminated, info.state, ended_by, info.public_ip,
+                        source))
+            db.execute("INSERT INTO cost_lines (kind, subject, cluster, start, \"end\", rate, price_source) "
+                       "VALUES ('instance',?,?,?,?,?,?)",
+                       (info.instance_id, cluster, info.launched, terminated, float(rate), source))
 
     def update_instance(self, instance_id: str, state: str, address: str | None) -> None:
         with self._write() as db:
@@ -148,8 +174,12 @@ class Ledger:
                        (when, instance_id))
         return bool(changed)
 
-    def set_price(self, instance_id: str, when: float, rate: float) -> bool:
-        """A new price from `when` on; False (and nothing written) if the rate is unchanged."""
+    def set_price(self, instance_id: str, when: float, rate: float, price_source: str | None = None) -> bool:
+        """A new price from `when` on; False (and nothing written) if the rate is unchanged.
+
+        `price_source` says where the rate came from (default: a SourcedPrice's own source).
+        """
+        source = _source_of(rate, price_source)
         with self._write() as db:
             row = db.execute("SELECT hourly_price, cluster FROM instances WHERE id = ? AND terminated IS NULL",
                              (instance_id,)).fetchone()
@@ -157,9 +187,10 @@ class Ledger:
                 return False
             db.execute("UPDATE cost_lines SET \"end\" = ? WHERE kind = 'instance' AND subject = ? AND \"end\" IS NULL",
                        (when, instance_id))
-            db.execute("INSERT INTO cost_lines (kind, subject, cluster, start, rate) VALUES ('instance',?,?,?,?)",
-                       (instance_id, row[1], when, rate))
-            db.execute("UPDATE instances SET hourly_price = ? WHERE id = ?", (rate, instance_id))
+            db.execute("INSERT INTO cost_lines (kind, subject, cluster, start, rate, price_source) "
+                       "VALUES ('instance',?,?,?,?,?)", (instance_id, row[1], when, float(rate), source))
+            db.execute("UPDATE instances SET hourly_price = ?, price_source = ? WHERE id = ?",
+                       (float(rate), source, instance_id))
         return True
 
     def instances(self, provider: str | None = None, region: str | None = None, cluster: str | None = None,
@@ -176,15 +207,30 @@ class Ledger:
         if since is not None:
             where.append("(terminated IS NULL OR terminated >= ?)")
             args.append(since)
-        rows = self._read(f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE {' AND '.join(where)} ORDER BY launched, id", args)
+        rows = self._read(f"SELECT {INSTANCE_COLUMNS}, price_source FROM instances WHERE {' AND '.join(where)} "
+                          "ORDER BY launched, id", args)
         lines: dict[str, list[PricePoint]] = {}
-        for subject, start, rate in self._read("SELECT subject, start, rate FROM cost_lines WHERE kind = 'instance' ORDER BY start, id"):
-            lines.setdefault(subject, []).append(PricePoint(start, rate))
+        for subject, start, rate, source in self._read("SELECT subject, start, rate, price_source FROM cost_lines "
+                                                       "WHERE kind = 'instance' ORDER BY start, id"):
+            lines.setdefault(subject, []).append(PricePoint(start, _sourced(rate, source)))
         return [_record(row, tuple(lines.get(row[0], ()))) for row in rows]
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         found = [r for r in self.instances() if r.instance_id == instance_id]
         return found[0] if found else None
+
+    def price_sources(self, since: float | None = None) -> dict[str, list[str]]:
+        """{cluster: the sources of its instance price lines in force at `since` or later}, each
+        once, in order ("not recorded" for lines older than schema 2)."""
+        cutoff = since if since is not None else float("-inf")
+        out: dict[str, list[str]] = {}
+        for cluster, source in self._read(
+                "SELECT c.cluster, c.price_source FROM cost_lines c JOIN instances i ON i.id = c.subject "
+                "WHERE c.kind = 'instance' AND (c.\"end\" IS NULL OR c.\"end\" >= ?) ORDER BY c.start, c.id", (cutoff,)):
+            label = source if source is not None else "not recorded"
+            if label not in out.setdefault(cluster, []):
+                out[cluster].append(label)
+        return out
 
     # runs and energy ---------------------------------------------------------------
     def start_run(self, run_id: str, cluster: str, started: float) -> None:

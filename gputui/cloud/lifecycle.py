@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 
 from gputui.cloud.address import Resolver, lookup_public_ip, ssh_cidr
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.pricing import PriceSource, launch_rate, on_demand_price, quotes
+from gputui.cloud.pricing import (ListPriceSource, PriceSource, launch_price, launch_rate, on_demand_price, quotes,
+                                  resolve_on_demand)
 from gputui.cloud.provider import TAG_MANAGED, CapacityError, CloudProvider, LaunchRequest, instance_tags
 from gputui.cloud.settings import CloudSettings
 from gputui.cloud.waiting import wait_until
@@ -68,6 +69,11 @@ class LaunchPlan:
         quote = next((q for q in self.quotes if q.zone == zone), None)
         return launch_rate(quote, lifecycle, max_price)
 
+    def price(self, zone: str, lifecycle: str, max_price: float | None) -> tuple[float | None, str | None]:
+        """`rate` with where the figure came from ("api 2026-11-25", "max_price", ...)."""
+        quote = next((q for q in self.quotes if q.zone == zone), None)
+        return launch_price(quote, lifecycle, max_price)
+
     @property
     def first_rate(self) -> float | None:
         return self.rate(*self.attempts[0], None) if self.attempts else None
@@ -96,7 +102,7 @@ def plan_launch(ctx: CloudContext, count: int, resolver: Resolver = lookup_publi
     zones = list(s.zones) or ctx.provider.zones()
     if not zones:
         raise UserError(f"region {s.region} has no available zones")
-    on_demand = on_demand_price(s.instance_type, s.on_demand_price)
+    on_demand = resolve_on_demand(ctx.price_source, s.instance_type, on_demand_price(s.instance_type, s.on_demand_price))
     priced = tuple(quotes(ctx.price_source, s.instance_type, zones, on_demand))
     attempts = [(q.zone, "spot") for q in priced]
     if s.on_demand_fallback:
@@ -139,13 +145,15 @@ def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt]
             spot_quota_hit = spot_quota_hit or (exc.account_wide and lifecycle == "spot")
             attempt = LaunchAttempt(zone, lifecycle, remaining, 0, exc.code, exc.message)
         else:
-            rate = plan.rate(zone, lifecycle, s.max_price) or 0.0
+            found, source = plan.price(zone, lifecycle, s.max_price)
+            rate = found or 0.0
             for info in started_now:
-                ctx.ledger.record_launch(info, p.name, p.region, ctx.cluster, ctx.owner, rate)
+                ctx.ledger.record_launch(info, p.name, p.region, ctx.cluster, ctx.owner, rate, price_source=source)
                 result.rates[info.instance_id] = rate
             started(list(started_now))
-            ctx.record([ctx.event("launched", f"{i.instance_id} {i.instance_type} {lifecycle} in {zone} at ${rate:.4f}/h",
-                                  i.instance_id) for i in started_now])
+            from_where = f" ({source})" if source else ""
+            ctx.record([ctx.event("launched", f"{i.instance_id} {i.instance_type} {lifecycle} in {zone} at "
+                                              f"${rate:.4f}/h{from_where}", i.instance_id) for i in started_now])
             result.instances += started_now
             remaining -= len(started_now)
             attempt = LaunchAttempt(zone, lifecycle, request.count, len(started_now))
@@ -194,10 +202,9 @@ def terminate(ctx: CloudContext, instances: Sequence[InstanceInfo], ended_by: st
     known = {r.instance_id for r in ctx.ledger.instances(ctx.provider.name, ctx.provider.region)}
     for info in instances:
         if info.instance_id not in known:
-            rate = ctx.price_source.spot_prices(info.instance_type, [info.zone]).get(info.zone) if info.lifecycle == "spot" else None
-            rate = rate if rate is not None else on_demand_price(info.instance_type, None) or 0.0
+            rate, source = _orphan_price(ctx, info)
             ctx.ledger.record_launch(info, ctx.provider.name, ctx.provider.region, info.cluster or ctx.cluster,
-                                     info.owner, rate)
+                                     info.owner, rate, price_source=source)
     ids = [i.instance_id for i in instances]
     asked = ctx.clock()
     ctx.provider.terminate(ids)
@@ -209,6 +216,20 @@ def terminate(ctx: CloudContext, instances: Sequence[InstanceInfo], ended_by: st
         raise
     _close(ctx, ids, final, asked, ended_by)
     return final
+
+
+def _orphan_price(ctx: CloudContext, info: InstanceInfo) -> tuple[float, str | None]:
+    """What an adopted orphan is metered at: its zone's spot price, else the region's on-demand
+    price (the Pricing API's, the table's when it cannot say), with its source; 0 when none is known."""
+    prices = ctx.price_source
+    if info.lifecycle == "spot":
+        spot = prices.spot_prices(info.instance_type, [info.zone]).get(info.zone)
+        if spot is not None:
+            return spot, prices.spot_source() if isinstance(prices, ListPriceSource) else None
+    on_demand = resolve_on_demand(prices, info.instance_type, None)
+    if on_demand is None:
+        return 0.0, None
+    return float(on_demand), getattr(on_demand, "source", None)
 
 
 def _close(ctx: CloudContext, ids: Sequence[str], infos: Sequence[InstanceInfo], when: float, ended_by: str) -> None:

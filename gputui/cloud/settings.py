@@ -73,7 +73,7 @@ CLOUD_SECTION = Section(
         "on_demand_fallback": Field("bool", "Launch on-demand instances when no allowed zone has spot capacity.", False),
         "budget_usd": Field("float", "Spending cap of this cluster in dollars; slaves are stopped when it is reached.", None, minimum=0, exclusive_minimum=True),
         "kwh_price": Field("float", "Electricity price in $/kWh, to cost the energy of local GPUs.", None, minimum=0),
-        "on_demand_price": Field("float", "On-demand $/h of instance_type here (default: gputui's dated list-price table).", None, minimum=0, exclusive_minimum=True),
+        "on_demand_price": Field("float", "On-demand $/h of instance_type here (default: the AWS Pricing API's price for the region, cached a day; gputui's dated us-east-1 table when it cannot be asked).", None, minimum=0, exclusive_minimum=True),
     },
     required=("budget_usd",),
 )

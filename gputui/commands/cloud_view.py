@@ -85,9 +85,15 @@ def event_json(e: CloudEvent) -> dict[str, Any]:
     return {"time": e.time, "kind": e.kind, "message": e.message, "instance_id": e.instance_id, "cluster": e.cluster}
 
 
+def rate_text(usd: float | None) -> str:
+    """A recorded $/h with its source where the ledger has one: "$0.4012 (api 2026-11-25)"."""
+    source = getattr(usd, "source", None)
+    return money(usd) + (f" ({source})" if source and usd is not None else "")
+
+
 def instances_table(title: str, infos: Sequence[InstanceInfo], rates: dict[str, float]) -> None:
     print_table(title, ["id", "type", "zone", "market", "address", "$/h"],
-                ([i.instance_id, i.instance_type, i.zone, i.lifecycle, i.public_ip or "-", money(rates.get(i.instance_id))]
+                ([i.instance_id, i.instance_type, i.zone, i.lifecycle, i.public_ip or "-", rate_text(rates.get(i.instance_id))]
                  for i in infos))
 
 
@@ -96,7 +102,9 @@ def fleet_json(entries: Sequence[FleetEntry], now: float) -> list[dict[str, Any]
         "id": e.instance.instance_id, "cluster": e.instance.cluster, "owner": e.instance.owner,
         "type": e.instance.instance_type, "zone": e.instance.zone, "lifecycle": e.instance.lifecycle,
         "state": e.instance.state, "address": e.instance.public_ip, "launched": e.instance.launched,
-        "up_s": round(max(0.0, now - e.instance.launched), 1), "usd_per_hour": e.usd_per_hour,
+        "up_s": round(max(0.0, now - e.instance.launched), 1),
+        "usd_per_hour": None if e.usd_per_hour is None else float(e.usd_per_hour),
+        "price_source": getattr(e.usd_per_hour, "source", None),
         "cost_usd": e.cost_usd, "known": e.known, "orphan": e.orphan,
     } for e in entries]
 
@@ -104,7 +112,7 @@ def fleet_json(entries: Sequence[FleetEntry], now: float) -> list[dict[str, Any]
 def fleet_table(entries: Sequence[FleetEntry], now: float, region: str) -> None:
     rows = [[e.instance.instance_id, e.instance.cluster or "-", e.instance.instance_type, e.instance.zone,
              e.instance.lifecycle, e.instance.state, e.instance.public_ip or "-", span(now - e.instance.launched),
-             money(e.usd_per_hour), money(e.cost_usd), "ORPHAN (not in records)" if e.orphan else "yes"]
+             rate_text(e.usd_per_hour), money(e.cost_usd), "ORPHAN (not in records)" if e.orphan else "yes"]
             for e in entries]
     orphans = sum(e.orphan for e in entries)
     caption = (f"{orphans} orphan(s): `gputui cloud sweep` terminates them" if orphans else None)
@@ -149,19 +157,23 @@ def launch_price_text(quotes: Sequence[PriceQuote], zone: str, market: str) -> s
     return text
 
 
-def spend_json(line: SpendLine, now: float) -> dict[str, Any]:
+def spend_json(line: SpendLine, now: float, sources: Sequence[str] = ()) -> dict[str, Any]:
     rate = line.usd_per_hour(now)
     return {"name": line.name, "cluster": line.cluster, "start": line.start, "end": line.end,
             "duration_s": round(line.duration(now), 1), "usd_per_hour": None if rate is None else round(rate, 6),
+            "price_sources": list(sources),
             "total_usd": round(line.usd, 6), "running": line.running, "energy_kwh": round(line.energy_kwh, 6),
             "estimate": line.estimate}
 
 
-def spend_table(title: str, lines: Sequence[SpendLine], now: float, first: str) -> None:
+def spend_table(title: str, lines: Sequence[SpendLine], now: float, first: str,
+                sources: dict[str, list[str]] | None = None) -> None:
+    """One row per cluster or run; `sources` ({cluster: [price source, ...]}) goes beside the rate."""
+    sources = sources or {}
     rows = [[line.name, *([line.cluster] if first == "run" else []), span(line.duration(now)),
-             money(line.usd_per_hour(now)), money(line.usd) + " est.",
+             money(line.usd_per_hour(now)), ", ".join(sources.get(line.cluster, ())) or "-", money(line.usd) + " est.",
              *([str(line.running)] if first == "cluster" else []), f"{line.energy_kwh:.3f}"]
             for line in lines]
-    columns = [first, *(["cluster"] if first == "run" else []), "up", "$/h (mean)", "cost",
+    columns = [first, *(["cluster"] if first == "run" else []), "up", "$/h (mean)", "prices from", "cost",
                *(["running"] if first == "cluster" else []), "kWh (local)"]
     print_table(title, columns, rows)
