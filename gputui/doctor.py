@@ -1,5 +1,6 @@
 """`gputui doctor`'s checks: Python, torch (CUDA, cuDNN, NCCL), NVML and the driver here,
-and for each remote host: reachable, host key known, nvidia-smi, GPUs, Python and torch.
+and for each remote host: its bastion (if any), reachable, host key known, nvidia-smi, GPUs,
+Python and torch.
 
 Each check is a row with a status (pass, warn, fail), what was found and how to fix it.
 """
@@ -121,9 +122,11 @@ def local_checks() -> list[Check]:
     return [python_check(), *torch_checks(), *nvml_checks()]
 
 
-def _connection_checks(name: str, failure: Any) -> list[Check]:
+def _connection_checks(name: str, failure: Any, bastion_failed: bool = False) -> list[Check]:
     """Reachable / host key / login rows for a host that did not get as far as nvidia-smi."""
     reason, fix = clean(failure.reason or ""), clean(failure.fix or "")
+    if bastion_failed:  # the host itself was never asked: only the bastion's row
+        return [Check(name, "bastion", FAIL, reason, fix or "check the bastion's address, port, key and host key")]
     if failure.state in (HostState.UNREACHABLE, HostState.CONNECTING):
         return [Check(name, "reachable", FAIL, reason, fix or "check the address, the port and that sshd runs there")]
     rows = [Check(name, "reachable", PASS, "the SSH server answers")]
@@ -147,8 +150,10 @@ def remote_checks(spec: HostSpec, options: Any) -> list[Check]:
         snap = host.poll_now()
         message = clean(snap.message or "")
         if host.failure is not None:
-            return _connection_checks(name, host.failure)
-        rows = [Check(name, "reachable", PASS, f"{host.target.label()} answers"), Check(name, "host key", PASS, "known")]
+            return _connection_checks(name, host.failure, host.bastion_failed)
+        route = host.target.route()
+        rows = [Check(name, "bastion" if host.target.via else "proxy command", PASS, f"reached{route}")] if route else []
+        rows += [Check(name, "reachable", PASS, f"{host.target.label()} answers"), Check(name, "host key", PASS, "known")]
         if snap.state == HostState.OK:
             rows.append(Check(name, "nvidia-smi", PASS, f"driver {snap.driver or 'n/a'}"))
             rows.append(

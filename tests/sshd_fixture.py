@@ -52,6 +52,7 @@ class Sshd:
     path: str | None = None  # the session's PATH (default: BIN:/usr/local/bin:/usr/bin:/bin)
     extra_config: tuple[str, ...] = ()  # more sshd_config lines (e.g. the sftp Subsystem)
     home: Path | None = None  # the session's HOME (default: ROOT/home)
+    log_level: str = "INFO"  # DEBUG logs each forwarded channel (a bastion's direct-tcpip requests)
 
     @property
     def port(self) -> int:
@@ -93,7 +94,7 @@ class Sshd:
             "MaxStartups 200",
             "MaxSessions 200",
             "PrintMotd no",
-            "LogLevel INFO",
+            f"LogLevel {self.log_level}",
             *self.extra_config,
         ]
         config = self.root / "sshd_config"

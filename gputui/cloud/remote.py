@@ -4,12 +4,18 @@ The OpenSSH client is used the way the cluster manager's paramiko connections ar
 private half of `[cloud] public_key` as the only identity, and the host key checked
 against ~/.ssh/known_hosts and gputui's own known-hosts file (where the cluster manager
 records the slaves' keys), strictly: an unknown or changed key is refused, never accepted.
+A slave behind a bastion is reached with `-J` (the `proxy_jump` given, else ~/.ssh/config's
+ProxyJump or ProxyCommand). The host-key policy goes into a small `-F` config that includes
+the user's own, because OpenSSH hands `-F` (not `-o`) to the ssh it runs for each jump: a
+bastion's key is checked exactly as the slave's.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -50,24 +56,96 @@ def _ssh_word(path: Path) -> str:
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
-def ssh_command(ssh_user: str, address: str, identity: Path | None = None, port: int = 22,
-                known_hosts: Sequence[Path] | None = None, ssh: str | None = None) -> list[str]:
-    """The ssh invocation that SIGTERMs every watched run on one slave (`GPUTUI_SSH` picks the client)."""
+def policy_config(known_hosts: Sequence[Path] | None = None, identity: Path | None = None) -> str:
+    """The `-F` file's text: strict host keys for every hop (slave and bastions), then the user's config."""
     files = list(known_hosts) if known_hosts is not None else known_hosts_files()
-    command = [ssh or os.environ.get("GPUTUI_SSH", "ssh"), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-               "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + " ".join(_ssh_word(f) for f in files)]
+    lines = ["# gputui's budget guard: the same host-key policy for the slave and every bastion on the way",
+             "BatchMode yes", "ConnectTimeout 5", "StrictHostKeyChecking yes",
+             "UserKnownHostsFile " + " ".join(_ssh_word(f) for f in files)]
+    if identity is not None:  # a bastion tries it after its own IdentityFile (the slave: only it, see -o below)
+        lines.append("IdentityFile " + _ssh_word(identity))
+    lines += ["Include ~/.ssh/config", "Include /etc/ssh/ssh_config"]
+    return "\n".join(lines) + "\n"
+
+
+def _check_jump(proxy_jump: str) -> str:
+    from gputui.hosts import parse_proxy_jump
+
+    try:
+        parse_proxy_jump(proxy_jump)
+    except ValueError as exc:
+        raise GputuiError(f"proxy_jump {proxy_jump!r}: {exc}; expected [user@]host[:port], comma-separated for a chain") from None
+    return proxy_jump.strip()
+
+
+def ssh_command(ssh_user: str, address: str, identity: Path | None = None, port: int = 22,
+                known_hosts: Sequence[Path] | None = None, ssh: str | None = None,
+                proxy_jump: str | None = None, config: Path | None = None) -> list[str]:
+    """The ssh invocation that SIGTERMs every watched run on one slave (`GPUTUI_SSH` picks the client).
+
+    `config`: a file holding `policy_config()` (what the jump hosts are checked with); `proxy_jump`:
+    OpenSSH's ProxyJump ("user@bastion:port", comma-separated for a chain)."""
+    files = list(known_hosts) if known_hosts is not None else known_hosts_files()
+    command = [ssh or os.environ.get("GPUTUI_SSH", "ssh")]
+    if config is not None:
+        command += ["-F", str(config)]
+    command += ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+                "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + " ".join(_ssh_word(f) for f in files)]
     if identity is not None:  # as an option, not -i: ssh checks -i's file before expanding its '%' tokens
         command += ["-o", "IdentityFile=" + _ssh_word(identity), "-o", "IdentitiesOnly=yes"]
     if port != 22:
         command += ["-p", str(port)]
+    if proxy_jump:
+        command += ["-J", _check_jump(proxy_jump)]
     # -l USER -- HOST: neither can be read as an ssh option, whatever the profile says
     return command + ["-l", ssh_user, "--", address, REMOTE_CHECKPOINT]
 
 
-def _reason(stderr: str, ssh_user: str, address: str, port: int, identity: Path | None) -> str:
+_SHELL_SAFE = re.compile(r"^[A-Za-z0-9_./\-]+$")
+
+
+def _config_file(text: str) -> Path:
+    """A private temporary file holding `text`, under a path that is one shell word without '%'
+    (OpenSSH pastes `-F`'s path into each jump's command line unquoted)."""
+    folder = tempfile.gettempdir()
+    fd, name = tempfile.mkstemp(prefix="gputui-ssh-", suffix=".conf", dir=folder if _SHELL_SAFE.match(folder) else "/tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return Path(name)
+
+
+def _bastion_reason(text: str, proxy_jump: str) -> str | None:
+    """ssh's words when a jump host, not the slave, failed: "via bastion X: ..."; else None."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        m = re.search(r"connect to host (\S+) port (\d+): (.+)", ln)
+        if m:
+            return f"via bastion {m.group(1)}:{m.group(2)}: unreachable ({m.group(3)})"
+        m = re.search(r"Could not resolve hostname (\S+?):", ln)
+        if m:
+            return f"via bastion {m.group(1)}: unreachable (unknown host name)"
+    bastion_log = [ln for ln in lines if "stdio forwarding failed" in ln or "channel 0: open failed" in ln]
+    if bastion_log:
+        return f"the slave cannot be reached from bastion {proxy_jump} ({bastion_log[-1][-160:]})"
+    return None
+
+
+def _reason(stderr: str, ssh_user: str, address: str, port: int, identity: Path | None,
+            proxy_jump: str | None = None) -> str:
     """ssh's failure as one line, with what to do about it."""
     text = stderr.strip()
     name = address if port == 22 else f"[{address}]:{port}"
+    if proxy_jump:
+        said = _bastion_reason(text, proxy_jump)
+        if said is not None:
+            return said
+        closed = "Connection closed by UNKNOWN" in text or "kex_exchange_identification" in text
+        if closed and "Host key verification failed" in text:
+            return (f"via bastion {proxy_jump}: its host key is unknown or has changed: refused (strict checking); "
+                    "if it is the bastion's key, add it to ~/.ssh/known_hosts (ssh-keyscan -p PORT BASTION)")
+        if closed:
+            last = [ln for ln in text.splitlines() if ln.strip() and "UNKNOWN" not in ln and "kex_exchange" not in ln]
+            return f"via bastion {proxy_jump}: {(last or ['closed the connection'])[-1].strip()[-200:]}"
     if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
         from gputui.sources.hostkeys import SshOptions
 
@@ -81,22 +159,31 @@ def _reason(stderr: str, ssh_user: str, address: str, port: int, identity: Path 
 
 
 def ssh_checkpointer(ssh_user: str, timeout_s: float = 20.0, identity: Path | None = None, port: int = 22,
-                     known_hosts: Sequence[Path] | None = None) -> Checkpointer:
+                     known_hosts: Sequence[Path] | None = None, proxy_jump: str | None = None) -> Checkpointer:
     """A Checkpointer that reaches all slaves in parallel; raises once if any did not answer.
 
-    `port`: slaves listen on 22; the tests point it at a loopback sshd.
+    `port`: slaves listen on 22; the tests point it at a loopback sshd. `proxy_jump`: the
+    bastion(s) in front of them (default: ~/.ssh/config's ProxyJump, if any).
     """
+    if proxy_jump:
+        _check_jump(proxy_jump)
 
     def one(record: InstanceRecord) -> str | None:
         if not record.address:
             return f"{record.instance_id}: no address"
-        command = ssh_command(ssh_user, record.address, identity, port, known_hosts)
         try:
+            config = _config_file(policy_config(known_hosts, identity))
+        except OSError as exc:
+            return f"{record.instance_id}: cannot write a temporary ssh config: {exc}"
+        try:
+            command = ssh_command(ssh_user, record.address, identity, port, known_hosts, proxy_jump=proxy_jump, config=config)
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{record.instance_id}: {exc}"
+        finally:
+            config.unlink(missing_ok=True)
         if done.returncode != 0:
-            why = _reason(done.stderr, ssh_user, record.address, port, identity)
+            why = _reason(done.stderr, ssh_user, record.address, port, identity, proxy_jump)
             return f"{record.instance_id}: ssh exit {done.returncode}: {why}"
         return None
 
@@ -110,5 +197,7 @@ def ssh_checkpointer(ssh_user: str, timeout_s: float = 20.0, identity: Path | No
 
 
 def cloud_checkpointer(settings: "CloudSettings", timeout_s: float = 20.0, port: int = 22) -> Checkpointer:
-    """The Checkpointer for a `[cloud]` table's slaves: its ssh_user and the private half of its public_key."""
-    return ssh_checkpointer(settings.ssh_user, timeout_s, private_key(settings), port)
+    """The Checkpointer for a `[cloud]` table's slaves: its ssh_user, the private half of its public_key
+    and its proxy_jump (when [cloud] has one)."""
+    return ssh_checkpointer(settings.ssh_user, timeout_s, private_key(settings), port,
+                            proxy_jump=getattr(settings, "proxy_jump", None))

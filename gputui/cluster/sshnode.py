@@ -1,7 +1,7 @@
 """One slave's SSH connection for the cluster: commands, a streamed command, SFTP.
 
-Built on the telemetry's SshHost (same ~/.ssh/config handling, verified host keys, one-line
-failure reasons); paramiko is imported lazily. Connection failures become one-line errors
+Built on the telemetry's SshHost (same ~/.ssh/config handling, bastions and ProxyCommand,
+verified host keys, one-line failure reasons); paramiko is imported lazily. Connection failures become one-line errors
 naming the slave and the fix: a wrong key or an unknown host key is a UserError (exit 2),
 an unreachable slave a GputuiError (exit 1).
 """
@@ -59,7 +59,10 @@ class SlaveConnection(SshHost):
         return self.target.hostname
 
     def local_address(self) -> str | None:
-        """This machine's address on the connection to the slave (how the slave sees the master)."""
+        """This machine's address on the connection to the slave (how the slave sees the master);
+        None when a bastion or a ProxyCommand stands between them (set [cluster] master_addr)."""
+        if self.target.via is not None or self.target.proxy_command:
+            return None
         transport = self._client.get_transport() if self._client is not None else None
         try:
             return str(transport.sock.getsockname()[0]) if transport is not None else None

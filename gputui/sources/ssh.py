@@ -4,25 +4,29 @@ Each poll runs one command (see gputui.sources.nvsmi) on the host's open connect
 are polled concurrently, each in its own named daemon thread, and a round waits only for
 hosts that were connected, each bounded by its command timeout: a host that is connecting,
 backing off, slow or dead reports its current state and never delays the others. Polls of
-one host never overlap. Host keys are verified (see gputui.sources.hostkeys).
+one host never overlap. Host keys are verified (see gputui.sources.hostkeys). Hosts behind a
+bastion (ProxyJump, `[[hosts]] proxy_jump`) or a ProxyCommand are reached through it (see
+gputui.sources.jump); a failed bastion is named in the host's state.
 """
 
 from __future__ import annotations
 
-import getpass
 import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from gputui.hosts import HostSpec
 from gputui.model.telemetry import HostSnapshot, HostState
 from gputui.sources.host import cpu_percent
-from gputui.sources.hostkeys import Failure, HostKeyPolicy, SshOptions, classify
+from gputui.sources import jump
+from gputui.sources.hostkeys import Failure, SshOptions, classify
+from gputui.sources.jump import BastionError, RouteError, Target, resolve
 from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
+
+__all__ = ["CommandTimeout", "SshHost", "SshSource", "Target", "resolve"]
 
 # paramiko logs failed handshakes at ERROR; without a handler Python would print them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -34,47 +38,8 @@ class CommandTimeout(Exception):
     """The remote command gave no complete answer in time."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """A host's connection parameters once ~/.ssh/config and defaults are applied."""
-
-    hostname: str
-    port: int
-    user: str
-    key_files: tuple[str, ...]
-
-    def label(self) -> str:
-        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
-        return f"{self.user}@{host}:{self.port}"
-
-
-def resolve(spec: HostSpec, ssh_config: Path | None) -> Target:
-    """Apply ~/.ssh/config (HostName, Port, User, IdentityFile) under the profile's values."""
-    found: dict[str, Any] = {}
-    if ssh_config is not None:
-        path = ssh_config.expanduser()
-        if path.is_file():
-            import paramiko
-
-            try:
-                found = dict(paramiko.SSHConfig.from_path(str(path)).lookup(spec.address))
-            except Exception:  # noqa: BLE001 - a config paramiko cannot read is ignored, as ssh would warn
-                found = {}
-    keys: tuple[str, ...]
-    if spec.identity_file is not None:
-        keys = (str(spec.identity_file),)
-    else:
-        keys = tuple(str(Path(p).expanduser()) for p in found.get("identityfile", ()) if Path(p).expanduser().is_file())
-    try:
-        config_port = int(found.get("port", 22))
-    except ValueError:
-        config_port = 22
-    return Target(
-        hostname=str(found.get("hostname", spec.address)),
-        port=spec.port or config_port,
-        user=spec.user or str(found.get("user") or getpass.getuser()),
-        key_files=keys,
-    )
+def _nothing() -> None:
+    pass
 
 
 class Backoff:
@@ -101,6 +66,7 @@ class SshHost:
         self.target = resolve(spec, options.ssh_config)
         self._clock = clock
         self._client: Any = None
+        self._let_go: Callable[[], None] = _nothing
         self._closed = False
         self._fields: tuple[str, ...] = tuple(GPU_FIELDS)
         self._backoff = Backoff()
@@ -110,6 +76,7 @@ class SshHost:
         self._done.set()
         self.attempts = 0  # connection attempts so far
         self.failure: Failure | None = None  # why the last attempt failed
+        self.bastion_failed = False  # whether that was a bastion's failure (named in `failure`)
         self.snapshot = self._snap(HostState.CONNECTING, "not polled yet", time.time(), None)
 
     # -- state ----------------------------------------------------------------------------
@@ -162,43 +129,33 @@ class SshHost:
 
     def connect(self) -> bool:
         """Open the connection; on failure set the state and schedule the next attempt."""
-        import paramiko
-
         start, t0 = time.time(), time.perf_counter()
-        self.snapshot = self._snap(HostState.CONNECTING, f"connecting to {self.target.label()}", start, None)
+        self.snapshot = self._snap(HostState.CONNECTING, f"connecting to {self.target.label()}{self.target.route()}", start, None)
         self.attempts += 1
-        client = paramiko.SSHClient()
+        self.bastion_failed = False
         timeout = self.spec.connect_timeout
         tofu = self.spec.trust_on_first_use or self.options.trust_on_first_use
         try:
-            for path in self.options.all_known_hosts():
-                if path.is_file():
-                    client.load_system_host_keys(str(path))
-            policy = HostKeyPolicy(self.options.gputui_known_hosts_path(), tofu)  # duck-typed: paramiko is imported lazily
-            client.set_missing_host_key_policy(policy)  # type: ignore[arg-type]
-            client.connect(
-                self.target.hostname,
-                port=self.target.port,
-                username=self.target.user,
-                key_filename=list(self.target.key_files) or None,  # type: ignore[arg-type]  # a list is documented
-                look_for_keys=not self.target.key_files,
-                allow_agent=True,
-                timeout=timeout,
-                banner_timeout=timeout,
-                auth_timeout=timeout,
-                channel_timeout=timeout,
-            )
+            client, let_go = jump.connect(self.target, self.options, tofu, timeout)
+        except RouteError as exc:  # a bastion, or the way from it, failed: say so, do not blame the host
+            self.bastion_failed = isinstance(exc, BastionError)
+            self._fail(exc.failure, start, time.perf_counter() - t0)
+            return False
         except Exception as exc:  # noqa: BLE001 - every failure is a state of the host
-            client.close()
-            self._fail(classify(exc, self.target, timeout, self.options.all_known_hosts()), start, time.perf_counter() - t0)
+            failure = classify(exc, self.target, timeout, self.options.all_known_hosts())
+            if self.target.proxy_command and failure.state in (HostState.UNREACHABLE, HostState.ERROR):
+                failure = replace(failure, reason=f"via ProxyCommand {self.target.proxy_command!r}: {failure.reason}",
+                                  fix=failure.fix or "check the ProxyCommand in ~/.ssh/config")
+            self._fail(failure, start, time.perf_counter() - t0)
             return False
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(15)
         if self._closed:  # closed while connecting: do not keep a connection nobody will close
             client.close()
+            let_go()
             return False
-        self._client = client
+        self._client, self._let_go = client, let_go
         return True
 
     def _fail(self, failure: Failure, start: float, duration: float) -> None:
@@ -214,8 +171,10 @@ class SshHost:
 
     def _drop(self) -> None:
         client, self._client = self._client, None
+        let_go, self._let_go = self._let_go, _nothing
         if client is not None:
             client.close()
+        let_go()  # the bastion's connection closes with its last host
 
     # -- polling --------------------------------------------------------------------------
 
