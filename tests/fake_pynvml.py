@@ -101,6 +101,7 @@ class FakeDevice:
     pcie: tuple[int, int] = (2048, 512)  # rx, tx KB/s, as nvmlDeviceGetPcieThroughput reads them
     pcie_bytes: tuple[int, int] = (10**9, 4 * 10**9)  # cumulative tx, rx byte counters
     clock_us: int = 1_000_000  # the timestamp the field-value counters carry (microseconds)
+    energy_mj: int = 5_000_000_000  # the total-energy counter (mJ since the driver loaded)
     pstate: int = 0
     ecc: tuple[int, int] = (3, 0)
     reasons: int = 0  # clocks-event reason bit mask
@@ -109,11 +110,13 @@ class FakeDevice:
     not_supported: set[str] = field(default_factory=set)  # function names that raise NOT_SUPPORTED
     lost: bool = False  # every call raises GPU_IS_LOST
 
-    def advance(self, seconds: float, tx_bytes_s: float, rx_bytes_s: float) -> None:
-        """Time passes on the device: its PCIe byte counters grow at these rates."""
+    def advance(self, seconds: float, tx_bytes_s: float = 0.0, rx_bytes_s: float = 0.0) -> None:
+        """Time passes on the device: its PCIe byte counters grow at these rates, and its energy
+        counter by its power draw (mW x s = mJ)."""
         tx, rx = self.pcie_bytes
         self.pcie_bytes = (tx + int(tx_bytes_s * seconds), rx + int(rx_bytes_s * seconds))
         self.clock_us += int(seconds * 1e6)
+        self.energy_mj += int(self.power_mw * seconds)
 
 
 def make_pynvml(
@@ -203,6 +206,7 @@ def make_pynvml(
         "nvmlDeviceGetPerformanceState": "pstate",
         "nvmlDeviceGetCurrentClocksEventReasons": "reasons",
         "nvmlDeviceGetCurrentClocksThrottleReasons": "reasons",  # the name before driver R535
+        "nvmlDeviceGetTotalEnergyConsumption": "energy_mj",  # Volta+; not_supported on older GPUs
     }.items():
         getter = lambda d, *_, attr=attr: getattr(d, attr)  # noqa: E731
         getter.__name__ = name

@@ -3,7 +3,9 @@
 It holds the instances gputui launched (and orphans it swept), their price lines, runs,
 local GPU energy lines and cloud events. Every price line names where its rate came from
 (`price_source`: "api 2026-11-25", "table 2024-06-01", "profile", "max_price", ...; NULL in
-lines written before schema 2). Every write is one transaction, so a process killed
+lines written before schema 2); every energy line how it was measured (`method`: "counter",
+the GPU's energy counter, or "trapezoid", power samples integrated; NULL before schema 3).
+Every write is one transaction, so a process killed
 mid-write leaves the previous state intact. Safe to share between threads.
 """
 
@@ -21,7 +23,7 @@ from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord, PricePoint
 from gputui.paths import data_home
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE instances (
     id TEXT PRIMARY KEY, provider TEXT NOT NULL, region TEXT NOT NULL, cluster TEXT NOT NULL, owner TEXT,
@@ -31,7 +33,7 @@ CREATE TABLE instances (
 CREATE TABLE cost_lines (
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('instance', 'energy')),
     subject TEXT NOT NULL, cluster TEXT NOT NULL, run_id TEXT,
-    start REAL NOT NULL, "end" REAL, rate REAL NOT NULL, quantity REAL, price_source TEXT
+    start REAL NOT NULL, "end" REAL, rate REAL NOT NULL, quantity REAL, price_source TEXT, method TEXT
 );
 CREATE INDEX cost_lines_subject ON cost_lines (subject, start);
 CREATE TABLE runs (id TEXT PRIMARY KEY, cluster TEXT NOT NULL, started REAL NOT NULL, ended REAL, status TEXT);
@@ -44,6 +46,7 @@ CREATE TABLE events (
 # that already has it (a fresh one, or one a crashed upgrade left half done) is left alone.
 MIGRATIONS: dict[int, tuple[tuple[str, str, str], ...]] = {
     1: (("instances", "price_source", "TEXT"), ("cost_lines", "price_source", "TEXT")),
+    2: (("cost_lines", "method", "TEXT"),),
 }
 INSTANCE_COLUMNS = ("id, provider, region, cluster, owner, type, zone, lifecycle, hourly_price, launched, "
                     "terminated, state, ended_by, address")
@@ -249,10 +252,23 @@ class Ledger:
                                              "WHERE ended IS NULL OR ended >= ? ORDER BY started", (cutoff,))]
 
     def add_energy(self, subject: str, cluster: str, run_id: str | None, start: float, end: float,
-                   kwh: float, usd_per_kwh: float) -> None:
+                   kwh: float, usd_per_kwh: float, method: str | None = None) -> None:
+        """An energy line; `method` says how it was measured ("counter" or "trapezoid")."""
         with self._write() as db:
-            db.execute("INSERT INTO cost_lines (kind, subject, cluster, run_id, start, \"end\", rate, quantity) "
-                       "VALUES ('energy',?,?,?,?,?,?,?)", (subject, cluster, run_id, start, end, usd_per_kwh, kwh))
+            db.execute("INSERT INTO cost_lines (kind, subject, cluster, run_id, start, \"end\", rate, quantity, method) "
+                       "VALUES ('energy',?,?,?,?,?,?,?,?)", (subject, cluster, run_id, start, end, usd_per_kwh, kwh, method))
+
+    def energy_methods(self, since: float | None = None) -> dict[str, list[str]]:
+        """{cluster: how its energy lines ending at `since` or later were measured}, each once, in
+        order ("not recorded" for lines older than schema 3)."""
+        cutoff = since if since is not None else float("-inf")
+        out: dict[str, list[str]] = {}
+        for cluster, method in self._read("SELECT cluster, method FROM cost_lines WHERE kind = 'energy' AND \"end\" >= ? "
+                                          "ORDER BY start, id", (cutoff,)):
+            label = method if method is not None else "not recorded"
+            if label not in out.setdefault(cluster, []):
+                out[cluster].append(label)
+        return out
 
     def energy(self, since: float | None = None) -> list[tuple[str, str, str | None, float, float, float, float]]:
         """(subject, cluster, run id, start, end, kWh, $/kWh) of energy lines ending at `since` or later."""

@@ -157,21 +157,29 @@ def launch_price_text(quotes: Sequence[PriceQuote], zone: str, market: str) -> s
     return text
 
 
-def spend_json(line: SpendLine, now: float, sources: Sequence[str] = ()) -> dict[str, Any]:
+def spend_json(line: SpendLine, now: float, sources: Sequence[str] = (), methods: Sequence[str] = ()) -> dict[str, Any]:
     rate = line.usd_per_hour(now)
     return {"name": line.name, "cluster": line.cluster, "start": line.start, "end": line.end,
             "duration_s": round(line.duration(now), 1), "usd_per_hour": None if rate is None else round(rate, 6),
-            "price_sources": list(sources),
+            "price_sources": list(sources), "energy_methods": list(methods),
             "total_usd": round(line.usd, 6), "running": line.running, "energy_kwh": round(line.energy_kwh, 6),
             "estimate": line.estimate}
 
 
+def measured_by(sources: Sequence[str], methods: Sequence[str]) -> str:
+    """Where a cluster's rates came from and how its energy was measured, in one cell."""
+    parts = ([", ".join(sources)] if sources else []) + ([f"energy by {', '.join(methods)}"] if methods else [])
+    return "; ".join(parts) or "-"
+
+
 def spend_table(title: str, lines: Sequence[SpendLine], now: float, first: str,
-                sources: dict[str, list[str]] | None = None) -> None:
-    """One row per cluster or run; `sources` ({cluster: [price source, ...]}) goes beside the rate."""
-    sources = sources or {}
+                sources: dict[str, list[str]] | None = None, methods: dict[str, list[str]] | None = None) -> None:
+    """One row per cluster or run; beside the rate, `sources` ({cluster: [price source, ...]}) and
+    `methods` ({cluster: [energy method, ...]})."""
+    sources, methods = sources or {}, methods or {}
     rows = [[line.name, *([line.cluster] if first == "run" else []), span(line.duration(now)),
-             money(line.usd_per_hour(now)), ", ".join(sources.get(line.cluster, ())) or "-", money(line.usd) + " est.",
+             money(line.usd_per_hour(now)), measured_by(sources.get(line.cluster, ()), methods.get(line.cluster, ())),
+             money(line.usd) + " est.",
              *([str(line.running)] if first == "cluster" else []), f"{line.energy_kwh:.3f}"]
             for line in lines]
     columns = [first, *(["cluster"] if first == "run" else []), "up", "$/h (mean)", "prices from", "cost",

@@ -29,21 +29,24 @@ def cmd_cost(args: argparse.Namespace) -> int:
     ledger = Ledger.existing()
     clusters, runs = ([], []) if ledger is None else report(ledger, now, since)
     sources = {} if ledger is None else ledger.price_sources(since)  # {cluster: where its rates came from}
+    methods = {} if ledger is None else ledger.energy_methods(since)  # {cluster: how its energy was measured}
     if ledger is not None:
         ledger.close()
     total = sum(line.usd for line in clusters)
     if args.json:
         view.print_json({"estimate": True, "since": since, "now": now, "total_usd": round(total, 6),
-                         "clusters": [view.spend_json(c, now, sources.get(c.cluster, ())) for c in clusters],
-                         "runs": [view.spend_json(r, now, sources.get(r.cluster, ())) for r in runs]})
+                         "clusters": [view.spend_json(c, now, sources.get(c.cluster, ()), methods.get(c.cluster, ()))
+                                      for c in clusters],
+                         "runs": [view.spend_json(r, now, sources.get(r.cluster, ()), methods.get(r.cluster, ()))
+                                  for r in runs]})
         return 0
     if not clusters and not runs:
         view.say("no costs recorded yet" + (f" in the last {args.since:g} days" if since else ""))
         return 0
     window = f"last {args.since:g} days" if since else "all time"
-    view.spend_table(f"Spend per cluster, {window} (estimates)", clusters, now, "cluster", sources)
+    view.spend_table(f"Spend per cluster, {window} (estimates)", clusters, now, "cluster", sources, methods)
     if runs:
-        view.spend_table(f"Spend per run, {window} (estimates)", runs, now, "run", sources)
+        view.spend_table(f"Spend per run, {window} (estimates)", runs, now, "run", sources, methods)
     view.say(f"total {view.money(total)} (estimate: per-second billing with the 60 s minimum at the recorded prices; "
              "AWS's bill is the reference)")
     return 0

@@ -134,6 +134,9 @@ class GpuSample:
     ecc_uncorrected: int | None = None
     processes: tuple[GpuProcess, ...] = ()
     throttle: tuple[str, ...] | None = None  # active clocks-event reasons (THROTTLE_CODES); () none; None n/a
+    # NVML's total-energy counter (mJ since the driver loaded; Volta+), on the polls that read it
+    # (local GPUs, at most every nvml.ENERGY_EVERY_S); None on the others and where there is none
+    energy_mj: float | None = None
 
     @property
     def throttled(self) -> bool:

@@ -12,6 +12,9 @@ cumulative byte counters (`nvmlDeviceGetFieldValues`, both directions in one 0.4
 as a rate between two polls, never from `nvmlDeviceGetPcieThroughput` (20.7 ms per
 direction). Per-process SM % (`nvmlDeviceGetProcessUtilization`, 1.7 ms) is read only
 while `process_sm` is on (a process table is shown) and only for GPUs running processes.
+The total-energy counter (`nvmlDeviceGetTotalEnergyConsumption`, 3.0 ms) is read at most
+every `energy_every_s` per GPU (the first poll, then every 30 s): the counter is cumulative,
+so reading it seldom loses nothing, and the poll keeps to its 2 ms per GPU.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ _PROCESS_CALLS = (
     "nvmlDeviceGetComputeRunningProcesses",
 )
 _REASON_CALLS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+ENERGY_EVERY_S = 30.0  # the energy counter costs 3 ms a call on an H100: read at most this often per GPU
 _NO_V2 = (3, 13, 25)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH: this driver has v1 only
 
 
@@ -50,9 +54,13 @@ class NvmlSource:
     """The local host and its NVIDIA GPUs. `module` replaces `pynvml` (tests use a fake)."""
 
     def __init__(self, name: str | None = None, module: ModuleType | None = None, host: LocalHost | None = None,
-                 process_sm: bool = False) -> None:
+                 process_sm: bool = False, energy_every_s: float | None = ENERGY_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name or socket.gethostname() or "localhost"
         self.process_sm = process_sm  # read each process's SM % (1.7 ms per GPU running processes)
+        self.energy_every_s = energy_every_s  # how often the energy counter is read (None: never)
+        self._clock = clock
+        self._energy_at: dict[int, float] = {}  # device -> when its energy counter was last read
         self._module = module
         self._host = host if host is not None else LocalHost()
         self._nv: Any = None
@@ -118,7 +126,7 @@ class NvmlSource:
             except self._nv.NVMLError:
                 pass
         self._nv, self._handles, self._started = None, [], False
-        self._statics, self._pcie_last, self._sm_seen = {}, {}, {}
+        self._statics, self._pcie_last, self._sm_seen, self._energy_at = {}, {}, {}, {}
 
     @property
     def driver_version(self) -> str | None:
@@ -259,6 +267,22 @@ class NvmlSource:
         rx = _rate(previous[2], counters[1], elapsed)
         return rx, tx
 
+    def _energy(self, i: int, h: Any) -> float | None:
+        """The energy counter in mJ, when it is due (at most once a poll and every
+        `energy_every_s`); a GPU without one (NOT_SUPPORTED: before Volta) is not asked again."""
+        if self.energy_every_s is None:
+            return None
+        now = self._clock()
+        last = self._energy_at.get(i)
+        if last is not None and now - last < self.energy_every_s:
+            return None
+        nv = self._nv
+        found = self._call(i, "energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
+        if found is None:
+            return None  # unsupported (never asked again) or a passing error (asked next poll)
+        self._energy_at[i] = now
+        return float(found)
+
     def _read_gpu(self, i: int, h: Any) -> GpuSample:
         nv = self._nv
         static = self._static(i, h)
@@ -292,6 +316,7 @@ class NvmlSource:
             ecc_uncorrected=_int(self._call(i, "ecc_uncorrected", lambda: ecc(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))),
             processes=self._processes(i, h),
             throttle=self._reasons(i, h),
+            energy_mj=self._energy(i, h),
         )
 
     def _processes(self, i: int, h: Any) -> tuple[GpuProcess, ...]:
