@@ -8,7 +8,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from gputui.errors import GputuiError, UserError
 from gputui.paths import runs_home
@@ -62,7 +62,7 @@ def find(ref: str) -> RunDir:
     """The run named by `ref`: 'last', a run id in the default location, or a run directory."""
     home = runs_home()
     if ref == "last":
-        runs = sorted((p for p in _run_dirs(home)), key=lambda p: (p.name, p.stat().st_mtime))
+        runs = sorted((p for p in run_dirs(home)), key=lambda p: (p.name, p.stat().st_mtime))
         if not runs:
             raise UserError(f"--resume last: no runs in {home} yet; start one with `gputui run`")
         return RunDir(runs[-1])
@@ -73,10 +73,57 @@ def find(ref: str) -> RunDir:
     raise UserError(f"--resume {ref}: no such run (not a run id in {home}, nor a run directory)")
 
 
-def _run_dirs(home: Path) -> Iterator[Path]:
-    if not home.is_dir():
-        return iter(())
-    return (p for p in home.iterdir() if (p / PROFILE).is_file())
+def run_dirs(home: Path) -> Iterator[Path]:
+    """The run directories directly under `home` (those holding a profile.toml)."""
+    try:
+        entries = list(home.iterdir()) if home.is_dir() else []
+    except OSError:
+        entries = []
+    return (p for p in entries if (p / PROFILE).is_file())
+
+
+def written_files(paths: Iterable[Path]) -> set[Path] | None:
+    """Which of `paths` some process on this machine has open for writing (an event log while
+    its run goes on); None where that cannot be known (no Linux /proc). Only the user's own
+    processes can be seen, which is where their runs are."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fdinfo").is_dir():
+        return None
+    wanted: dict[str, Path] = {}
+    for path in paths:
+        wanted[os.path.realpath(path)] = path
+    found: set[Path] = set()
+    if not wanted:
+        return found
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        fd_dir = f"/proc/{entry.name}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:  # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target in wanted and _writable(f"/proc/{entry.name}/fdinfo/{fd}"):
+                found.add(wanted[target])
+    return found
+
+
+def _writable(fdinfo: str) -> bool:
+    """Whether the descriptor described by `fdinfo` was opened for writing (a reader such as
+    `tail -f` or the dashboard does not keep a run alive)."""
+    try:
+        with open(fdinfo, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("flags:"):
+                    return (int(line.split()[1], 8) & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 class EventLog:

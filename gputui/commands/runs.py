@@ -1,0 +1,93 @@
+"""`gputui runs`: the list of past runs, and `gputui runs export RUN_ID --csv` for their curves.
+
+The records come from gputui.history (no torch, no UI); ids, models, devices and error lines
+are data from the run directories, shown as Text (never markup) in the table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    runs = subparsers.add_parser(
+        "runs", help="list past runs; export a run's curves",
+        description="List the runs in the default location (or --dir): id, start, model, device and strategy, "
+        "epochs, best and final test accuracy, training time, cost (from the cost ledger) and state "
+        "(done, interrupted, failed, running, or stopped: ended without a last event).")
+    runs.add_argument("--json", action="store_true", help="print the runs as one JSON document on stdout")
+    runs.add_argument("--dir", type=Path, metavar="DIR", help="list the runs under DIR (default: the user data dir's runs)")
+    runs.set_defaults(handler=cmd_runs)
+    actions = runs.add_subparsers(dest="runs_action", metavar="ACTION")
+    export = actions.add_parser(
+        "export", help="write a run's curves to CSV",
+        description="Write a run's curves as CSV, one row per step, eval or epoch event: "
+        "step, epoch, elapsed_s, time, loss, l1, samples_per_s, lr, train_loss, test_loss, test_acc.")
+    export.add_argument("run_id", metavar="RUN_ID", help="a run id from `gputui runs`, 'last', or a run directory")
+    export.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV to FILE (stdout without FILE)")
+    export.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
+                        help="look RUN_ID up under DIR (default: the user data dir's runs)")
+    export.set_defaults(handler=cmd_export)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from gputui import history
+    from gputui.commands import cloud_view as view
+    from gputui.paths import runs_home
+
+    home = args.dir.expanduser() if args.dir is not None else runs_home()
+    listed = history.list_runs(home)
+    if args.json:
+        view.print_json({"dir": str(home), "runs": [s.to_json() for s in listed]})
+        return 0
+    if not listed:
+        view.say(f"no runs in {home} yet; start one with `gputui run`")
+        return 0
+    view.print_table(f"Runs in {home}", ["id", "started", "model", "device", "strategy", "epochs", "best acc",
+                                         "final acc", "time", "cost", "state", "note"],
+                     (row(s) for s in listed),
+                     caption="see a run's curves: gputui runs export ID --csv [FILE]; go on: gputui run --resume ID")
+    return 0
+
+
+def row(s: Any) -> list[str]:
+    """A summary as the table's cells."""
+    from gputui.commands.cloud_view import money, span
+
+    started = "n/a" if s.started is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started))
+    strategy = s.strategy or "n/a"
+    if s.world_size is not None and s.world_size > 1:
+        strategy += f" x{s.world_size}"
+    return [s.run_id, started, s.model or "n/a", s.device or "n/a", strategy,
+            f"{s.epochs_done}/{s.epochs if s.epochs is not None else '?'}", _pct(s.best_acc), _pct(s.final_acc),
+            "n/a" if s.train_s is None else span(s.train_s), money(s.cost_usd), s.state, s.detail or ""]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}%"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from gputui import history, runs
+    from gputui.errors import UserError
+    from gputui.paths import runs_home
+
+    if args.csv is None:
+        raise UserError(f"runs export {args.run_id}: name the format: --csv [FILE] (stdout without FILE)")
+    home = args.dir.expanduser() if getattr(args, "dir", None) is not None else runs_home()
+    run = history.find_run(args.run_id, home)
+    rows = history.curves(runs.read_events(run.events))
+    if args.csv == "-":
+        history.write_csv(rows, sys.stdout)
+        return 0
+    target = Path(args.csv).expanduser()
+    try:
+        with open(target, "w", encoding="utf-8", newline="") as fh:
+            count = history.write_csv(rows, fh)
+    except OSError as exc:
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
+    print(f"wrote {count} rows of run {run.run_id} to {target}", file=sys.stderr)
+    return 0
