@@ -91,6 +91,8 @@ class ProgressView:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.console = Console(stderr=True)
+        # Not a terminal (CI logs, `| cat`, a file): a line is a line, never folded at 80 columns.
+        self.console.soft_wrap = not self.console.is_terminal
         self.progress = Progress(
             TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
@@ -104,6 +106,7 @@ class ProgressView:
         )
         self.task: Any = None
         self.epochs = 0
+        self._stopped = False
 
     def show(self, event: dict[str, Any]) -> None:
         event = typed(event)
@@ -159,5 +162,6 @@ class ProgressView:
             ))
 
     def close(self) -> None:
-        if self.task is not None:
+        if self.task is not None and not self._stopped:
+            self._stopped = True  # rich adds an empty line on each stop off a terminal
             self.progress.stop()

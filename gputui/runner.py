@@ -7,6 +7,7 @@ torchrun (`ddp`), handing every event to the run's events.jsonl and to a view.
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import time
@@ -18,6 +19,7 @@ from gputui import runs
 from gputui.cluster.settings import cluster_profile, remember_cluster
 from gputui.console import View
 from gputui.errors import GputuiError, UserError
+from gputui.history import completed_epochs
 from gputui.paths import profiles_dir, runs_home
 from gputui.profiles import RunConfig, RunSettings, load_profile
 
@@ -31,6 +33,15 @@ class RunRequest:
     overrides: RunSettings
     run_dir: Path | None = None
     resume: str | None = None
+
+
+class AlreadyComplete(Exception):
+    """--resume of a run that has trained every epoch asked for: nothing to do (exit 0)."""
+
+
+def _ref(run: runs.RunDir) -> str:
+    """How commands name the run: its id under the default location, else its path."""
+    return run.run_id if run.path.parent == runs_home() else str(run.path)
 
 
 def default_profile() -> Path | None:
@@ -52,6 +63,10 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
             raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc, --cuda-graph)")
         cfg = load_profile(run.profile).run.merged(req.overrides).resolve()
+        done_epochs = completed_epochs(run)
+        if done_epochs is not None and cfg.epochs <= done_epochs:
+            raise AlreadyComplete(f"run {_ref(run)} is already complete ({done_epochs} epochs); resume with "
+                                  f"--epochs M (more than {done_epochs}) to train more")
         run.profile.write_text(cfg.to_toml(), encoding="utf-8")
         return run, cfg, True
     profile_path = req.profile if req.profile is not None else default_profile()
@@ -199,7 +214,11 @@ def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> N
 
 def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> int:
     """Prepare and execute a run; return the process exit code (0 done or interrupted)."""
-    run_dir, cfg, resume = prepare(req)
+    try:
+        run_dir, cfg, resume = prepare(req)
+    except AlreadyComplete as exc:
+        say(str(exc))
+        return 0
     local = cluster_profile(run_dir.path) is None  # cluster runs keep their own ledger lines
     if local:
         _record_run(run_dir.run_id, None, say)
@@ -210,7 +229,10 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
         view.close()
         if local:
             _record_run(run_dir.run_id, outcome, say)
+    ref = shlex.quote(_ref(run_dir))  # the hints are commands to paste
     if outcome == "interrupted":
-        ref = run_dir.run_id if run_dir.path.parent == runs_home() else str(run_dir.path)
         say(f"interrupted: checkpoint saved in {run_dir.path}; resume with: gputui run --resume {ref}")
+    listing = ("gputui runs" if run_dir.path.parent == runs_home()
+               else f"gputui runs --dir {shlex.quote(str(run_dir.path.parent))}")
+    say(f"run saved in {run_dir.path}; see it with: {listing}, gputui runs export {ref} --csv")
     return 0

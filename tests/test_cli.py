@@ -161,3 +161,40 @@ def test_same_seed_same_weights(small_data: Path, tmp_path: Path, capsys: pytest
     a = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_headless_output_off_a_terminal_keeps_whole_lines(small_data: Path, tmp_path: Path) -> None:
+    """stderr to a pipe (CI logs, `| cat`): no line folded at 80 columns, data shown as text
+    (a run dir named `[cloud]...` is not markup), and the end says where the run is and how to see it."""
+    import subprocess
+    import sys
+
+    from .conftest import cli_env
+
+    run_dir = tmp_path / ("[cloud]x-" + "long-" * 20 + "name")
+    result = subprocess.run([sys.executable, "-m", "gputui", "run", "--data", str(small_data), "--epochs", "1",
+                             "--batch-size", "64", "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, timeout=300, env=cli_env(COLUMNS="80"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert f"run {run_dir.name}: model seed on {auto_device()} (single, 1 process(es))" in lines, result.stderr
+    assert any(line.startswith("epoch 1/1: train loss ") and line.endswith(" s training)") for line in lines), lines
+    assert (f"run saved in {run_dir}; see it with: gputui runs --dir {tmp_path}, "
+            f"gputui runs export '{run_dir}' --csv") in lines, lines
+
+
+def test_resuming_a_finished_run_says_it_is_complete(small_data: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "r"
+    assert main(["run", "--json", "--data", str(small_data), "--epochs", "1", "--run-dir", str(run_dir)]) == 0
+    done = json_lines(capsys.readouterr().out)[-1]
+    before = (run_dir / "events.jsonl").read_text()
+    assert main(["run", "--json", "--resume", str(run_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""  # no events: nothing ran
+    assert err == f"run {run_dir} is already complete (1 epochs); resume with --epochs M (more than 1) to train more\n"
+    assert (run_dir / "events.jsonl").read_text() == before
+    # More epochs train on from where it ended.
+    assert main(["run", "--json", "--resume", str(run_dir), "--epochs", "2"]) == 0
+    events = json_lines(capsys.readouterr().out)
+    assert events[0]["resumed_from_step"] == done["step"] and events[-1]["event"] == "done" and events[-1]["epochs"] == 2
