@@ -56,5 +56,15 @@ class DemoSource:
                      for g in host.gpus)
         return replace(host, name=instance_id, gpus=gpus, mem_total_mib=16384.0, mem_used_mib=2100.0)  # g4dn.xlarge: 16 GiB
 
+    def kill(self, host_name: str, pid: int, signal_name: str) -> tuple[bool, str]:
+        """Signal a simulated process (it leaves its GPU until that host's next run)."""
+        if host_name == DEAD_HOST:
+            return False, f"kill refused: {DEAD_HOST} is not connected (a simulated dead host)"
+        sim = self._slave_sims.get(host_name)
+        if sim is None:
+            return self.sim.kill(host_name, pid, signal_name)
+        ok, line = sim.kill("sim-0", pid, signal_name)
+        return ok, line.replace("sim-0", host_name)
+
     def close(self) -> None:
         self._slave_sims.clear()

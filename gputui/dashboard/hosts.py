@@ -40,11 +40,23 @@ class HostFeed:
         self.history = TelemetryHistory(maxlen=spark_len)
         self.meter = meter  # a gputui.cloud.energy.EnergyMeter when the profile prices electricity
         self._flushed = clock()
+        self.process_sm = False  # wanted: each process's SM % (while the process table is open)
+        self._process_sm: bool | None = None  # what the source was last told
+
+    def want_process_sm(self, on: bool) -> None:
+        """Ask for per-process SM % from the next poll on (any thread: the poll applies it)."""
+        self.process_sm = on
 
     def poll(self) -> HostsFrame:
         from gputui.monitoring import poll_round
 
         started = time.monotonic()
+        wanted = self.process_sm
+        if wanted != self._process_sm:
+            tell = getattr(self.source, "want_process_sm", None)
+            if tell is not None:
+                tell(wanted)
+            self._process_sm = wanted
         hosts = poll_round(self.source)
         self.history.update(hosts)
         if self.meter is not None:

@@ -24,7 +24,9 @@ from gputui.ui.bindings import KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView
-from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled, HostsPolled, RunStopping, SlavesChanged
+from gputui.ui.messages import (CloudEventPosted, CloudNote, CostPolled, EventLine, HostsPolled, RunStopping,
+                                SlavesChanged)
+from gputui.ui.process_actions import ProcessActions
 from gputui.ui.slave_actions import SlaveActions
 from gputui.ui.status import StatusBar
 from gputui.ui.training_actions import TrainingActions
@@ -34,7 +36,7 @@ ACTIONS = {key.action for key in KEYS}
 FIRST_FRAME_ENV = "GPUTUI_FIRST_FRAME_FILE"  # benchmarks: the app writes time.time() here after its first frame
 
 
-class DashboardApp(TrainingActions, SlaveActions):
+class DashboardApp(ProcessActions, TrainingActions, SlaveActions):
     CSS_PATH = "dashboard.tcss"
     BINDINGS = bindings()
     TITLE = "gputui"
@@ -88,6 +90,9 @@ class DashboardApp(TrainingActions, SlaveActions):
         feed, self.feed = self.feed, None
         if feed is not None:
             feed.close()
+        alerts, self.alerts = self.alerts, None
+        if alerts is not None:
+            alerts.close()  # delivers what is queued (bounded)
 
     def _first_frame(self) -> None:
         Path(os.environ[FIRST_FRAME_ENV]).write_text(f"{time.time():.6f}\n", encoding="ascii")
@@ -110,12 +115,37 @@ class DashboardApp(TrainingActions, SlaveActions):
                 self.feed_stale = False
                 self.feed = self.backend.host_feed(lambda: self.cost_frame.slaves if self.cost_frame else ())
                 self.feed.training(self.training.active)
+                self.feed.want_process_sm(self.processes_open)
             frame = self.feed.poll()
         except GputuiError as exc:
             self.post_message(HostsPolled(None, f"telemetry: {exc}"))
             return
+        alerts = self._alerts_round(frame.hosts)
         if not get_current_worker().is_cancelled:
-            self.post_message(HostsPolled(frame))
+            self.post_message(HostsPolled(frame, alerts=alerts))
+
+    def _alerts_round(self, hosts: Any) -> list[Any]:
+        """In the poll worker: the profile's [alerts] on this round (read again after a profile change)."""
+        profile = self.backend.profile
+        try:
+            if self.alerts_profile != profile:
+                from gputui.dashboard.alerting import load_alerts
+
+                if self.alerts is not None:
+                    self.alerts.close()
+                self.alerts, self.alerts_profile = None, profile
+                self.alerts = load_alerts(profile, self._alert_report)
+            if self.alerts is None:
+                return []
+            cost = None if self.cloud_disabled else self.cost_frame
+            return self.alerts.round(hosts, self.clock(), self.run_facts, cost)
+        except GputuiError as exc:
+            self.post_message(EventLine(f"alerts: {exc}", "error"))
+            return []
+
+    def _alert_report(self, line: str) -> None:
+        """From the notifier's thread: a command or webhook that failed."""
+        self.post_message(EventLine(line, "warning"))
 
     def on_hosts_polled(self, message: HostsPolled) -> None:
         self.hosts_polls += 1
@@ -132,8 +162,13 @@ class DashboardApp(TrainingActions, SlaveActions):
                     self.log_event(f"host {host.name} {host.state.value}{reason}",
                                    "information" if host.state.worked else "warning")
                 self.host_states[host.name] = host.state
+            screen = self.process_screen()
+            if screen is not None:
+                screen.frame = message.frame
         elif message.error:
             self.log_event(message.error, "error")
+        for alert in message.alerts:
+            self.log_event(f"ALERT {alert.state}: {alert.message}", "cleared" if alert.state == "cleared" else "alert")
         spent = message.frame.duration_s if message.frame is not None else 0.0
         self.set_timer(max(0.05, self.backend.options.host_interval_s - spent), self.poll_hosts, name="hosts-next")
 

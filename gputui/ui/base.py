@@ -28,6 +28,8 @@ from gputui.ui.status import StatusBar
 from gputui.ui.training_panel import TrainingPanel
 
 if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
+    from gputui.alerts import RunFacts
+    from gputui.dashboard.alerting import DashboardAlerts
     from gputui.dashboard.child import TrainingChild
     from gputui.dashboard.slaves import SlaveControl
 
@@ -53,6 +55,11 @@ class DashboardBase(App[None]):
         self.host_states: dict[str, HostState] = {}
         self.hosts_polls = self.cloud_polls = 0
         self._cloud_timer: Timer | None = None
+        self.processes_open = False  # the process table is shown: the feed asks for per-process SM %
+        # The profile's [alerts], built and used only by the hosts poll worker; None without the table.
+        self.alerts: DashboardAlerts | None = None
+        self.alerts_profile: Any = None  # the profile they were read from (a new profile reads them again)
+        self.run_facts: RunFacts | None = None  # the run as the alerts see it (the training reader folds it)
 
     def panel(self, selector: Any) -> Any:
         """A widget of the main screen (the app's own query would search a dialog on top)."""

@@ -24,11 +24,34 @@ KEYS: tuple[Key, ...] = (
         "events log; refused with a message if it would break the budget."),
     Key("d", "terminate_selected", "Kill slave", "Terminate the slave selected in the cost panel, now."),
     Key("D", "terminate_all", "Kill all", "Terminate every slave of the cluster (asks first).", "D"),
+    Key("P", "processes", "Processes", "Every compute process on every host's GPUs: sort, filter, and send SIGTERM, "
+        "SIGINT or SIGKILL to one (asks first).", "P"),
     Key("p", "choose_profile", "Profile", "Choose another profile (training, hosts and cloud follow it)."),
     Key("question_mark", "help", "Help", "Show this help.", "?"),
     Key("q", "quit", "Quit", "Quit. With slaves running, asks: terminate them, keep them, or cancel. "
         "A running training is stopped with a checkpoint first."),
 )
+
+
+# Keys of the process table (gputui.ui.processes_panel), shown in its footer and in the help.
+PROCESS_KEYS: tuple[Key, ...] = (
+    Key("m", "sort('memory')", "Mem", "Sort by GPU memory (largest first)."),
+    Key("s", "sort('sm')", "SM", "Sort by SM % (the process's share of its GPU)."),
+    Key("c", "sort('cpu')", "CPU", "Sort by CPU %."),
+    Key("i", "sort('pid')", "PID", "Sort by PID."),
+    Key("n", "sort('user')", "User", "Sort by user name."),
+    Key("r", "reverse", "Reverse", "Reverse the order."),
+    Key("slash", "filter", "Filter", "Filter: part of a command, and/or user:NAME; Enter applies, empty clears.", "/"),
+    Key("T", "signal('TERM')", "SIGTERM", "Send SIGTERM to the selected process (asks first).", "T"),
+    Key("I", "signal('INT')", "SIGINT", "Send SIGINT to the selected process (asks first).", "I"),
+    Key("K", "signal('KILL')", "SIGKILL", "Send SIGKILL to the selected process (asks first).", "K"),
+    Key("escape", "close", "Back", "Back to the dashboard (P too).", "Esc"),
+)
+
+
+def process_bindings() -> list[BindingType]:
+    return [Binding(k.key, k.action, k.label, key_display=k.display) for k in PROCESS_KEYS] + [
+        Binding("P", "close", "Back", show=False)]
 
 
 def bindings() -> list[BindingType]:

@@ -8,11 +8,12 @@ from textual.widgets import RichLog
 from gputui.model.text import clean
 
 MAX_LINE = 2000  # characters of one event (remote text); a longer one ends in an ellipsis
-SEVERITY_CLASS = {"information": "events--info", "warning": "events--warn", "error": "events--bad"}
+SEVERITY_CLASS = {"information": "events--info", "warning": "events--warn", "error": "events--bad",
+                  "alert": "events--alert", "cleared": "events--cleared"}  # alerts: highlighted
 
 
 class EventsLog(RichLog):
-    COMPONENT_CLASSES = {"events--info", "events--warn", "events--bad", "events--time"}
+    COMPONENT_CLASSES = {"events--info", "events--warn", "events--bad", "events--time", "events--alert", "events--cleared"}
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(wrap=True, max_lines=1000, markup=False, **kwargs)  # type: ignore[arg-type]

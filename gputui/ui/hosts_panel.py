@@ -17,11 +17,12 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gputui.dashboard.hosts import HostsFrame
-from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, fmt
+from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, fmt, throttle_text
 from gputui.model.text import clean
 from gputui.ui.draw import bar, gib, sparkline
 
-FIXED_W = 32  # every column of a GPU row but the name, the two bars and the sparkline
+FIXED_W = 32  # every column of a GPU row but the name, the two bars, the throttle reasons and the sparkline
+BUSY_PCT = 5.0  # a GPU this busy or more that is throttled shows why (an idle GPU's clocks are low anyway)
 Line = list[tuple[str, Style | None]]
 
 
@@ -35,7 +36,7 @@ class HostsView(ScrollView, can_focus=True):
     """The hosts panel: one line per host, one per GPU."""
 
     COMPONENT_CLASSES = {"hosts--name", "hosts--ok", "hosts--bad", "hosts--dim", "hosts--util", "hosts--mem",
-                         "hosts--spark", "hosts--hot"}
+                         "hosts--spark", "hosts--hot", "hosts--throttle"}
     frame: reactive[HostsFrame | None] = reactive(None)
     error: reactive[str | None] = reactive(None)
 
@@ -115,7 +116,8 @@ class HostsView(ScrollView, can_focus=True):
         name_w = 16 if width >= 90 else 0
         rest = max(0, width - FIXED_W - name_w)
         bar_w = max(3, min(20, rest // 4))
-        spark_w = max(0, rest - 2 * bar_w)
+        throttle = clean(throttle_text(gpu.throttle), 60) + " " if gpu.throttled and (gpu.util_pct or 0.0) >= BUSY_PCT else ""
+        spark_w = max(0, rest - 2 * bar_w - len(throttle))
         util = gpu.util_pct
         mem_frac = None if gpu.mem_pct is None else gpu.mem_pct / 100.0
         hot = gpu.temperature_c is not None and gpu.temperature_c >= 83
@@ -130,6 +132,8 @@ class HostsView(ScrollView, can_focus=True):
             (f"{fmt(gpu.temperature_c, '°C'):>5} ", self._style("hosts--hot") if hot else None),
             (f"{fmt(gpu.power_w, 'W'):>5} ", None),
         ]
+        if throttle:
+            line.append((throttle, self._style("hosts--throttle")))
         if spark_w and self.frame is not None:
             line.append((sparkline(self.frame.util.get((host.name, gpu.index), ()), spark_w), self._style("hosts--spark")))
         return line

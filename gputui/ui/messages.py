@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 from textual.message import Message
 
 from gputui.dashboard.hosts import HostsFrame
@@ -9,14 +11,18 @@ from gputui.dashboard.cost import CostFrame
 from gputui.dashboard.training import TrainingState
 from gputui.model.cloud import CloudEvent
 
+if TYPE_CHECKING:  # gputui.alerts loads in the poll worker, with a profile that has [alerts]
+    from gputui.alerts import Alert
+
 
 class HostsPolled(Message):
     """One telemetry round finished (the next is scheduled only now: polls never overlap)."""
 
-    def __init__(self, frame: HostsFrame | None, error: str | None = None) -> None:
+    def __init__(self, frame: HostsFrame | None, error: str | None = None, alerts: Sequence[Alert] = ()) -> None:
         super().__init__()
         self.frame = frame
         self.error = error
+        self.alerts = tuple(alerts)  # what the profile's [alerts] raised on this round (evaluated in the worker)
 
 
 class CostPolled(Message):
@@ -93,3 +99,23 @@ class CloudEventPosted(Message):
 
 class SlavesChanged(Message):
     """A launch or termination finished: poll the cloud again soon."""
+
+
+class EventLine(Message):
+    """A line for the events log from any worker or background thread (a kill's outcome, an
+    alert that could not be delivered)."""
+
+    def __init__(self, text: str, severity: str = "information", notify: bool = False) -> None:
+        super().__init__()
+        self.text = text
+        self.severity = severity
+        self.notify = notify
+
+
+class ProcessSignalled(Message):
+    """A signal sent from the process table: sent, or refused with the reason, as one line."""
+
+    def __init__(self, line: str, ok: bool) -> None:
+        super().__init__()
+        self.line = line
+        self.ok = ok

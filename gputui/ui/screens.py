@@ -15,14 +15,14 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui.model.text import clean
-from gputui.ui.bindings import KEYS
+from gputui.ui.bindings import KEYS, PROCESS_KEYS, Key
 
 
-def keys_table() -> Table:
+def keys_table(keys: tuple[Key, ...] = KEYS) -> Table:
     table = Table(box=None, show_header=False, padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
-    for key in KEYS:
+    for key in keys:
         table.add_row(key.display or key.key, key.help)
     return table
 
@@ -34,6 +34,8 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help", classes="dialog"):
             yield Label("gputui dashboard: keys", classes="title")
             yield Static(keys_table(), id="help-keys")
+            yield Label("In the process table (P):", classes="subtitle")
+            yield Static(keys_table(PROCESS_KEYS), id="help-process-keys")
             yield Static("Mouse: click a slave row to select it; scroll the panels with the wheel.\n"
                          "Esc, ? or q closes this help.", classes="dim")
 

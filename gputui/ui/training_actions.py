@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from textual.message import Message
 
@@ -63,6 +63,7 @@ class TrainingActions(DashboardBase):
         child = self.backend.training_child(resume)
         self.child = child
         self.training = TrainingState(status="starting")
+        self.run_facts = None
         self.say(("resuming the last run: " if resume else "starting a run: ") + "gputui " + " ".join(child.argv[3:]))
         self.show_training()
         if self.feed is not None:
@@ -80,9 +81,21 @@ class TrainingActions(DashboardBase):
             return
         if child.stop_requested:
             child.stop()
-        post_events(child.events(), self.post_message, generation)
+        post_events(self._watched(child.events(), generation), self.post_message, generation)
         code = child.wait()
         self.post_message(TrainingExited(code, child.last_error() if code else None, generation))
+
+    def _watched(self, events: Iterable[dict[str, Any]], generation: int) -> Iterator[dict[str, Any]]:
+        """The child's events, folded on the way into the facts the alerts watch (stall, NaN loss)."""
+        from gputui.alerts import RunFacts
+        from gputui.dashboard.alerting import fold_run
+
+        facts = RunFacts()
+        for event in events:
+            facts = fold_run(facts, event)
+            if generation == self.generation:
+                self.run_facts = facts
+            yield event
 
     def on_training_update(self, message: TrainingUpdate) -> None:
         if message.generation != self.generation:
@@ -103,6 +116,10 @@ class TrainingActions(DashboardBase):
         stopped = self.child is not None and self.child.stop_requested
         said = self.training.status == "failed"  # its `error` event is in the log already
         self.training = self.training.exited(message.code, message.error, stopped)
+        if self.run_facts is not None:
+            from gputui.dashboard.alerting import run_ended
+
+            self.run_facts = run_ended(self.run_facts)
         if self.training.status == "failed" and not said:
             self.say(f"run failed (exit {message.code}): {self.training.error}", "error", notify=True)
         if self.feed is not None:
