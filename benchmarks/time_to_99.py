@@ -122,8 +122,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--device", default="cpu", help="cpu or cuda: both sides train there")
     args = parser.parse_args()
-    public = [public_recipe(s, args.device) for s in args.seeds]
-    ours = [gputui_fast(s, args.device) for s in args.seeds]
+    public, ours = [], []
+    for seed in args.seeds:  # interleaved: a machine that gets busier slows both sides alike
+        public.append(public_recipe(seed, args.device))
+        ours.append(gputui_fast(seed, args.device))
     for name, rows in (("(a) public one-epoch recipe", public), ("(b) gputui run --model fast", ours)):
         print(name)
         for r in rows:
