@@ -354,7 +354,9 @@ def test_a_process_cpu_share_tells_a_busy_process_from_an_idle_one() -> None:
         device = FakeDevice(processes=[(burner.pid, MIB), (idle.pid, MIB)])
         hot, cold = source(make_pynvml([device])).poll()[0].gpus[0].processes
         assert hot.cpu_pct is not None and cold.cpu_pct is not None
-        assert hot.cpu_pct > 25 and hot.cpu_pct > 2 * cold.cpu_pct, (hot, cold)  # most of a core vs its start-up
+        # A busy loop against a process that only started: no absolute share (a loaded machine gives
+        # the loop a small one), but at least twice the idle one's.
+        assert hot.cpu_pct > 0 and hot.cpu_pct > 2 * cold.cpu_pct, (hot, cold)
         assert hot.running_s is not None and hot.running_s >= 1.0
     finally:
         burner.kill()
