@@ -51,7 +51,7 @@ def test_a_finished_run_is_listed_with_its_numbers_and_cost(small_data: Path, gp
     # A second run, not in the cost ledger, and energy billed to the first.
     hand_made(gputui_home / "runs", "unrecorded", [START])
     with Ledger() as ledger:
-        ledger.add_energy("gpu0", "local", run_id, done["time"] - 10, done["time"], 0.5, 0.3)
+        ledger.add_energy("gpu0", "local", run_id, events[0]["time"], done["time"], 0.5, 0.3)  # inside the run
     found = listed(capsys)
     assert set(found) == {run_id, "unrecorded"}
     row = found[run_id]
