@@ -44,7 +44,9 @@ def poll(ctx: CloudContext, book: PriceBook) -> tuple[list[InstanceInfo], list[C
                                              rec.instance_id, rec.cluster))
             if rec.lifecycle == "spot" and book.stale(rec.instance_type, rec.zone):
                 price = book.spot(rec.instance_type, rec.zone)
-                if price is not None and ledger.set_price(rec.instance_id, now, price):
+                source = getattr(ctx.price_source, "spot_source", None)
+                if price is not None and ledger.set_price(rec.instance_id, now, price,
+                                                          price_source=source() if callable(source) else None):
                     events.append(CloudEvent(now, "price", f"{rec.instance_id} spot price now ${price:.4f}/h",
                                              rec.instance_id, rec.cluster))
     return list(live.values()), ctx.record(events)

@@ -63,7 +63,7 @@ class HostFeed:
             for host in hosts:
                 self.meter.add_snapshot(host)
             if self.clock() - self._flushed >= ENERGY_FLUSH_S:
-                self._flush()
+                self._flush(final=False)
         util = {(h.name, g.index): tuple(self.history.gpu(h.name, g.index, "util_pct").values())
                 for h in hosts for g in h.gpus}
         return HostsFrame(self.clock(), tuple(hosts), util, time.monotonic() - started)
@@ -74,12 +74,13 @@ class HostFeed:
         if set_active is not None:
             set_active(0, active)
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool = True) -> None:
+        """Write the metered energy; a periodic flush (final=False) keeps the counter's spans whole."""
         from gputui.errors import GputuiError
 
         self._flushed = self.clock()
         try:
-            self.meter.flush()
+            self.meter.flush(final=final)
         except GputuiError:
             pass  # the ledger is unavailable: energy is an estimate, the panel goes on
 
