@@ -123,3 +123,22 @@ def test_cloud_help_is_fast_and_imports_no_cloud_sdk() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'textual', 'torch')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]"
+
+
+def test_cloud_proxy_jump_reaches_the_slaves_ssh_spec(tmp_path: Path) -> None:
+    """[cloud] proxy_jump is validated as [[hosts]] proxy_jump is, and cloud slaves' SSH goes through it."""
+    from gputui.cluster.manager import default_host_spec
+    from gputui.cluster.settings import load_cluster
+
+    path = tmp_path / "c.toml"
+    path.write_text('[cloud]\nbudget_usd = 1\nproxy_jump = "me@bastion:2222,jump2"\n'
+                    '[cluster]\nname = "c"\nnodes = 2\ncloud_slaves = 1\n')
+    settings = load_cluster(path)
+    assert settings.cloud is not None and settings.cloud.proxy_jump == "me@bastion:2222,jump2"
+    from gputui.model.cloud import InstanceInfo
+
+    info = InstanceInfo("i-1", "g4dn.xlarge", "us-east-1a", "running", "spot", 0.0, public_ip="203.0.113.9")
+    spec = default_host_spec(settings)(info)
+    assert spec.proxy_jump == "me@bastion:2222,jump2" and spec.address == "203.0.113.9"
+    with pytest.raises(UserError, match="proxy_jump"):
+        load_cloud_settings(write(tmp_path, 'budget_usd = 1\nproxy_jump = "-oProxyCommand=touch /tmp/x"\n'))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.errors import UserError, read_user_file
-from gputui.hosts import USER_NAME
+from gputui.hosts import USER_NAME, _check_jump
 from gputui.paths import profiles_dir
 from gputui.schema import Field, Section, Source
 
@@ -66,6 +66,8 @@ CLOUD_SECTION = Section(
         "trust_on_first_use": Field("bool", "Accept a slave's first SSH host key unchecked (default: no: it is learnt "
                                     "from the instance's console output, where cloud-init prints it, and pinned).", False),
         "public_key": Field("str", "Your SSH public key file, imported as the EC2 key pair (relative to the profile).", "~/.ssh/id_ed25519.pub"),
+        "proxy_jump": Field("str", "Jump host(s) in front of the slaves, as OpenSSH's ProxyJump: \"user@bastion:port\", "
+                            "comma-separated for a chain (default: none).", None, check=_check_jump),
         "ssh_cidr": Field(
             "str", "Who may reach port 22 (default: this machine's public address as /32, found at launch).", None, check=_check_cidr
         ),
@@ -92,6 +94,7 @@ class CloudSettings:
     ssh_user: str = "ubuntu"
     trust_on_first_use: bool = False
     public_key: str = "~/.ssh/id_ed25519.pub"
+    proxy_jump: str | None = None
     ssh_cidr: str | None = None
     max_price: float | None = None
     on_demand_fallback: bool = False

@@ -56,7 +56,8 @@ def default_host_spec(settings: ClusterSettings) -> Callable[[InstanceInfo], Hos
         private = public.with_suffix("") if public.suffix == ".pub" else None
         return HostSpec(name=info.instance_id, address=str(info.public_ip), user=cloud.ssh_user,
                         identity_file=private if private is not None and private.is_file() else None,
-                        trust_on_first_use=cloud.trust_on_first_use, connect_timeout=10.0, command_timeout=60.0)
+                        trust_on_first_use=cloud.trust_on_first_use, connect_timeout=10.0, command_timeout=60.0,
+                        proxy_jump=cloud.proxy_jump)
 
     return spec
 
