@@ -10,8 +10,6 @@ or key material.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import shlex
 import socket
@@ -54,12 +52,6 @@ class HostKeyUnknown(Exception):
     def __init__(self, hostname: str, key: Any) -> None:
         super().__init__(f"host key of {hostname} is not known")
         self.hostname, self.key = hostname, key
-
-
-def fingerprint(key: Any) -> str:
-    """OpenSSH's SHA256 fingerprint of a public key."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 class HostKeyPolicy:
@@ -156,7 +148,7 @@ def classify(exc: BaseException, target: "Target", timeout: float, known_hosts: 
         keyscan = f"ssh-keyscan -p {target.port} {target.hostname} >> ~/.ssh/known_hosts"
         return Failure(
             HostState.HOST_KEY_UNKNOWN,
-            f"host key of {known} is not known ({exc.key.get_name()} {fingerprint(exc.key)})",
+            f"host key of {known} is not known ({exc.key.get_name()} {exc.key.fingerprint})",
             f"if that is the server's key, trust it with `{keyscan}` or set trust_on_first_use = true (--trust-on-first-use)",
         )
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -164,7 +156,7 @@ def classify(exc: BaseException, target: "Target", timeout: float, known_hosts: 
         remove = f"ssh-keygen -R {shlex.quote(known)}" + (f" -f {shlex.quote(str(holding))}" if holding is not None else "")
         return Failure(
             HostState.HOST_KEY_MISMATCH,
-            f"host key of {known} has CHANGED (now {exc.key.get_name()} {fingerprint(exc.key)}, known {fingerprint(exc.expected_key)}): refused",
+            f"host key of {known} has CHANGED (now {exc.key.get_name()} {exc.key.fingerprint}, known {exc.expected_key.fingerprint}): refused",
             f"if the server was reinstalled, remove the old key with `{remove}`",
         )
     if isinstance(exc, paramiko.PasswordRequiredException):
