@@ -257,7 +257,7 @@ def test_cli_up_then_down_and_nothing_leaks(aws: Aws) -> None:
     cost = cli("cost", "--json")
     outputs = [r.stdout + r.stderr for r in (launched, downed, listed, cost)]
     # The background budget guard polled moto meanwhile and leaves once the slaves are gone.
-    log = next((aws.home / "guards").glob("*.log"))
+    log = next((aws.home / "logs" / "guards").glob("*.log"))
     wait_until(lambda: "the guard stops" in log.read_text(), 60, "the guard to leave after the slaves went",
                detail=log.read_text)
     database = "\n".join(sqlite3.connect(aws.home / "ledger.sqlite3").iterdump())

@@ -237,7 +237,7 @@ def test_up_leaves_a_guard_that_goes_when_the_slaves_do(sim_profile: Path, gputu
     assert up.returncode == 0, up.stderr
     assert "budget guard running (pid" in up.stderr
     pid = int(up.stderr.split("budget guard running (pid ")[1].split(",")[0])
-    log = gputui_home / "guards" / "sim-us-east-1-demo.log"
+    log = gputui_home / "logs" / "guards" / "sim-us-east-1-demo.log"  # user_log_dir, under GPUTUI_HOME
     wait_until(lambda: log.is_file() and "guarding cluster demo" in log.read_text(), 60,
                "the guard to take the cluster's lock and say so", detail=lambda: log.read_text() if log.is_file() else "no log")
     assert guards_of(sim_profile.resolve()) == [pid]

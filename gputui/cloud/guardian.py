@@ -1,7 +1,7 @@
 """The background budget guard that `gputui cloud up` leaves behind: one per cluster.
 
-It is `gputui cloud guard --detached` in its own session, logging to the user data
-directory; a file lock makes sure only one guards a cluster. It exits by itself once
+It is `gputui cloud guard --detached` in its own session, logging to `guards/` in the user
+log directory; a file lock makes sure only one guards a cluster. It exits by itself once
 the cluster has no running slaves.
 """
 
@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Iterator
 
 from gputui.cloud.lifecycle import CloudContext
-from gputui.paths import data_home
+from gputui.paths import data_home, log_home, moved_once
 
 _DETACHED: list["subprocess.Popen[bytes]"] = []
 
 
 def _stem(ctx: CloudContext) -> Path:
-    return data_home() / "guards" / f"{ctx.provider.name}-{ctx.provider.region}-{ctx.cluster}"
+    # earlier versions kept these in the data directory: moved from there on first use
+    return moved_once(data_home() / "guards", log_home() / "guards") / f"{ctx.provider.name}-{ctx.provider.region}-{ctx.cluster}"
 
 
 def log_path(ctx: CloudContext) -> Path:

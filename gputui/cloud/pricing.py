@@ -163,14 +163,10 @@ def launch_rate(quote: PriceQuote | None, lifecycle: str, max_price: float | Non
 
 
 def cache_home() -> Path:
-    """gputui's cache directory: platformdirs' user_cache_dir, or GPUTUI_HOME/cache when that is set
-    (so a test's or a second install's home keeps its own cache)."""
-    env = os.environ.get("GPUTUI_HOME")
-    if env:
-        return Path(env).expanduser() / "cache"
-    import platformdirs
+    """gputui's cache directory (paths.cache_home: user_cache_dir, or GPUTUI_HOME/cache when set)."""
+    from gputui.paths import cache_home as home
 
-    return Path(platformdirs.user_cache_dir("gputui", appauthor=False))
+    return home()
 
 
 def price_cache_path() -> Path:

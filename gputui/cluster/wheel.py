@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gputui import __version__
 from gputui.errors import GputuiError, UserError
-from gputui.paths import PACKAGE_DIR, REPO_DIR, data_home
+from gputui.paths import PACKAGE_DIR, REPO_DIR, cache_home, data_home, moved_once
 
 _SKIP_DIRS = {"__pycache__"}
 _MINIMAL_PYPROJECT = f"""[build-system]
@@ -85,7 +85,7 @@ def build_wheel(cache: Path | None = None) -> Wheel:
     if os.environ.get("GPUTUI_WHEEL"):
         return given_wheel(Path(os.environ["GPUTUI_WHEEL"]).expanduser())
     digest = source_hash()
-    folder = (cache or data_home() / "wheels") / digest
+    folder = (cache or moved_once(data_home() / "wheels", cache_home() / "wheels")) / digest
     found = sorted(folder.glob("gputui-*.whl")) if folder.is_dir() else []
     if found:
         return Wheel(found[0], digest)
