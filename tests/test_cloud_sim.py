@@ -4,6 +4,7 @@ protection, and `gputui cloud ... --provider sim` end to end."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -19,6 +20,11 @@ from gputui.cloud.lifecycle import launch, plan_launch, wait_running
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.provider import CapacityError, LaunchRequest, instance_tags
 from gputui.cloud.sim import SimProvider, SimScript
+from gputui.cloud import waiting
+from gputui.cluster.sshnode import SlaveConnection
+from gputui.cluster.stopping import Stopped
+from gputui.errors import GputuiError, UserError
+from gputui.hosts import HostSpec
 from gputui.model.cloud import CloudEvent
 
 from .conftest import cli_env
@@ -289,3 +295,40 @@ def test_on_a_terminal_up_shows_the_price_and_asks_and_down_confirms(
     assert main(["cloud", "down", "--all", *p]) == 0
     with Ledger() as ledger:
         assert [r.ended_by for r in ledger.instances()] == ["user"]
+
+
+def test_the_one_backoff_helper_gives_up_at_once_when_waiting_cannot_help() -> None:
+    looks: list[str] = []
+    slept: list[float] = []
+    answers = iter(["booting", "refused", "up"])
+
+    def fetch() -> str:
+        looks.append(next(answers))
+        return looks[-1]
+
+    with pytest.raises(ValueError, match="^refused$"):
+        waiting.wait_until(fetch, lambda a: a == "up", "the slave", 600.0, sleep=slept.append,
+                           delays=waiting.backoff(1.0, 1.6, 10.0),
+                           hopeless=lambda a: a == "refused", error=ValueError)
+    assert looks == ["booting", "refused"] and slept == [1.0]
+
+
+def test_a_slave_connection_backs_off_until_a_stop_ends_the_wait() -> None:
+    with socket.socket() as s:  # a port nothing listens on: connection refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conn = SlaveConnection(HostSpec("n0", "127.0.0.1", port, "root", connect_timeout=2.0))
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the bring-up's stop-aware sleep, asked to stop at the third wait
+        slept.append(seconds)
+        if len(slept) == 3:
+            raise Stopped("SIGINT")
+
+    with pytest.raises(Stopped):
+        conn.open_or_raise(600.0, sleep=sleep)
+    assert slept == pytest.approx([1.0, 1.6, 2.56])
+    slept.clear()
+    with pytest.raises(GputuiError, match=rf"^slave n0 \(root@127\.0\.0\.1:{port}\): connection refused by 127\.0\.0\.1:{port}") as err:
+        conn.open_or_raise(0.0, sleep=sleep)
+    assert slept == [] and not isinstance(err.value, UserError)

@@ -26,15 +26,26 @@ def wait_until(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     delays: Iterator[float] | None = None,
+    hopeless: Callable[[T], bool] | None = None,
+    error: Callable[[T], BaseException] | None = None,
 ) -> T:
-    """Call `fetch` until `done(result)`; the first look is immediate. GputuiError after `timeout_s`."""
+    """Call `fetch` until `done(result)`; the first look is immediate, the last one at the deadline.
+
+    `hopeless(result)` ends the wait at once (waiting cannot help, e.g. a refused key).
+    Past `timeout_s`, or when hopeless, `error(result)` is raised; by default a GputuiError
+    saying what was waited for. `sleep` may raise to end the wait early (a stop request).
+    """
     deadline = clock() + timeout_s
     for delay in delays or backoff():
         result = fetch()
         if done(result):
             return result
         left = deadline - clock()
-        if left <= 0:
-            raise GputuiError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        if left <= 0 or (hopeless is not None and hopeless(result)):
+            if error is not None:
+                raise error(result)
+            if left <= 0:
+                raise GputuiError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            raise GputuiError(f"gave up waiting for {what}")
         sleep(min(delay, left))
     raise AssertionError("unreachable")  # pragma: no cover

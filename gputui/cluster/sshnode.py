@@ -70,18 +70,21 @@ class SlaveConnection(SshHost):
             return None
 
     def open_or_raise(self, wait_s: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> "SlaveConnection":
-        """Connect; with `wait_s`, keep trying an unreachable slave (a booting one) that long."""
-        deadline = time.monotonic() + wait_s
-        delay = 1.0
-        while not self.connect():
-            failure = self.failure
-            assert failure is not None
-            if failure.state not in _USER_STATES and time.monotonic() + delay < deadline:
-                sleep(delay)
-                delay = min(delay * 1.6, 10.0)
-                continue
-            error = UserError if failure.state in _USER_STATES else GputuiError
-            raise error(f"slave {self.name} ({self.target.label()}): {failure.line()}")
+        """Connect; with `wait_s`, keep trying an unreachable slave (a booting one) that long.
+        A refused key or host key is not waited on; `sleep` may raise to end the wait (a stop)."""
+        from gputui.cloud.waiting import backoff, wait_until
+
+        def state() -> HostState:
+            assert self.failure is not None
+            return self.failure.state
+
+        def error(_connected: bool) -> GputuiError:
+            assert self.failure is not None
+            kind = UserError if self.failure.state in _USER_STATES else GputuiError
+            return kind(f"slave {self.name} ({self.target.label()}): {self.failure.line()}")
+
+        wait_until(self.connect, bool, f"slave {self.name}", wait_s, sleep=sleep, delays=backoff(1.0, 1.6, 10.0),
+                   hopeless=lambda _connected: state() in _USER_STATES, error=error)
         return self
 
     def check(self, command: str, timeout: float = 60.0, what: str = "command") -> str:
