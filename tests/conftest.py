@@ -81,3 +81,13 @@ def run_cli(*args: str, timeout: float = 300, **popen: Any) -> subprocess.Comple
 def json_lines(text: str) -> list[dict[str, Any]]:
     """Parse stdout that must hold nothing but JSON lines."""
     return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.fixture
+def ssh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME of our own: ~/.ssh/config and ~/.ssh/known_hosts are read from here; no ssh-agent."""
+    home = tmp_path / "user"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home

@@ -76,16 +76,6 @@ def inner(cluster_nodes: ClusterNodes) -> Sshd:
     return start_gpu_host(cluster_nodes, "127.0.0.7", "r535-a100x8")
 
 
-@pytest.fixture
-def ssh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A HOME of our own: ~/.ssh/config and ~/.ssh/known_hosts are read from here; no agent."""
-    home = tmp_path / "user"
-    (home / ".ssh").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    return home
-
-
 def hosts_profile(path: Path, target: Sshd, key: Path, proxy_jump: str, name: str = "inner") -> Path:
     path.write_text(f'[[hosts]]\nname = "{name}"\naddress = "{target.address}"\nport = {target.port}\nuser = "root"\n'
                     f'identity_file = "{key}"\nproxy_jump = "{proxy_jump}"\nconnect_timeout = {TIMEOUT}\n')

@@ -72,7 +72,9 @@ def test_a_busy_throttled_gpu_shows_why_and_an_idle_one_does_not() -> None:
 
     async def scenario(pilot: Any) -> None:
         await wait_for(pilot, lambda: app.hosts_polls >= 1, what="a round")
-        await pilot.pause(0.1)
+        # The round drawn (its GPU rows): a busy machine may draw it a while after the poll.
+        await wait_for(pilot, lambda: all("W " in ln for ln in screen_text(app).splitlines()[3:7]),
+                       what="the round's four GPU rows drawn (their power column)")
         lines = screen_text(app).splitlines()
         rows = {line.split("│")[1].split()[0]: line.split("│")[1] for line in lines[3:7]}
         assert "power-cap" in rows["0"], rows

@@ -54,16 +54,6 @@ def monitor_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, l
     return code, check_round(json.loads(capsys.readouterr().out))
 
 
-@pytest.fixture
-def ssh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A HOME of our own: ~/.ssh/known_hosts and ~/.ssh/config are read from here."""
-    home = tmp_path / "user"
-    (home / ".ssh").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    return home
-
-
 @pytest.fixture(scope="module")
 def a100(sshd_factory: SshdFactory) -> Sshd:
     return sshd_factory("r535-a100x8")

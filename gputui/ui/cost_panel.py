@@ -8,11 +8,10 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable
-from textual.widgets.data_table import CellDoesNotExist
 
 from gputui.dashboard.cost import CostFrame, SlaveLine, money
 from gputui.model.text import clean
+from gputui.ui.tables import KeyedTable
 from gputui.ui.draw import bar, duration
 
 COLUMNS = ("id", "type", "zone", "state", "up", "$/h", "cost")
@@ -63,7 +62,7 @@ def slave_cells(slave: SlaveLine, now: float, region: str, wide: bool) -> tuple[
     return tuple(Text(clean(cell) + " ") for cell in cells)
 
 
-class SlavesTable(DataTable[Text]):
+class SlavesTable(KeyedTable):
     """One row per slave, keyed by instance id; the cursor row is the selected slave."""
 
     def on_mount(self) -> None:
@@ -88,12 +87,7 @@ class SlavesTable(DataTable[Text]):
 
     @property
     def selected(self) -> str | None:
-        if not self.row_count:
-            return None
-        try:
-            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        except CellDoesNotExist:
-            return None
+        return self.selected_key
 
 
 class CostPanel(Horizontal):

@@ -14,7 +14,6 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
-from textual.widgets.data_table import CellDoesNotExist
 
 from gputui.dashboard.hosts import HostsFrame
 from gputui.model.telemetry import fmt
@@ -22,6 +21,7 @@ from gputui.model.text import clean
 from gputui.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
 from gputui.telemetry_view import duration
 from gputui.ui.bindings import process_bindings
+from gputui.ui.tables import KeyedTable
 
 COLUMNS = (("host", "host"), ("GPU", None), ("PID", "pid"), ("user", "user"), ("GPU MiB", "memory"), ("SM", "sm"),
            ("CPU", "cpu"), ("RSS MiB", "rss"), ("time", "time"), ("command", "command"))
@@ -71,7 +71,7 @@ def describe(row: ProcessRow) -> str:
     return f"pid {p.pid} ({command}) of {clean(p.user) if p.user else 'an unknown user'} on {clean(row.host)} GPU {row.gpu}"
 
 
-class ProcessTable(DataTable[Text]):
+class ProcessTable(KeyedTable):
     """One row per process, keyed by host, GPU and PID; the cursor row is the selected process."""
 
     def on_mount(self) -> None:
@@ -90,14 +90,6 @@ class ProcessTable(DataTable[Text]):
         if selected in keys:
             self.move_cursor(row=keys.index(selected), animate=False)
 
-    @property
-    def selected_key(self) -> str | None:
-        if not self.row_count:
-            return None
-        try:
-            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        except CellDoesNotExist:
-            return None
 
 
 class ProcessScreen(Screen[None]):
