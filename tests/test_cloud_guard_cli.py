@@ -27,11 +27,18 @@ def write_profile(path: Path, budget: float) -> Path:
     return path
 
 
+def _sigint_ignored() -> None:  # pragma: no cover - runs in the child before exec
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def guard(profile: Path, interval: float, *extra: str) -> Child:
-    """The guard, headless (stdin not a terminal); its stdout lines are JSON with a "kind", not an "event"."""
+    """The guard, headless (stdin not a terminal); its stdout lines are JSON with a "kind", not an "event".
+    Started with SIGINT ignored, as a parent that ignores it (a test runner's worker, `nohup`) would pass
+    on: the guard must still stop on it."""
     return Child([sys.executable, "-m", "gputui", "cloud", "guard", "--json", "--interval", repr(interval),
                   "--profile", str(profile), *extra],
-                 env=cli_env(), name="gputui cloud guard", json_lines=False, stdin=subprocess.DEVNULL)
+                 env=cli_env(), name="gputui cloud guard", json_lines=False, stdin=subprocess.DEVNULL,
+                 preexec_fn=_sigint_ignored)
 
 
 def test_ctrl_c_leaves_the_slaves_lists_them_and_exits_1_headless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -274,6 +274,9 @@ def cmd_guard(args: argparse.Namespace) -> int:
         guard = BudgetGuard(ctx, args.interval, checkpoint, args.grace)
         stop = threading.Event()
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        # Ctrl-C (SIGINT) stops the guard even when it was started with SIGINT ignored (a parent
+        # that ignores it passes that on through exec, as a test runner's worker may).
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         view.say(f"guarding cluster {ctx.cluster} every {args.interval:g} s (budget {view.money(ctx.settings.budget_usd, 2)})")
         try:
             guard_loop(ctx, guard, PriceBook(ctx.price_source), stop)
@@ -281,6 +284,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
             view.say("interrupted")
         finally:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
         if not guard.running():
             view.say(f"no slaves running in cluster {ctx.cluster}: the guard stops")
         return exit_check(ctx, view.interactive() and not args.detached, lambda q: view.confirm(q, False, "stop"), view.say)
