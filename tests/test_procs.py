@@ -92,7 +92,7 @@ def test_monitor_rejects_an_unknown_sort_key(capsys: pytest.CaptureFixture[str])
 # -- signals, locally -------------------------------------------------------------------------
 
 def test_local_kill_sends_and_refuses_in_one_line() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])  # waits for the signal
     try:
         sent = kill_local(child.pid, "TERM", proc(child.pid, name="python sleeper"), host="box")
         assert sent.ok and sent.line == f"SIGTERM sent to pid {child.pid} (python sleeper) on box"
