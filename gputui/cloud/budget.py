@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
+from gputui.cloud.costs import committed_cost, instance_cost
 from gputui.cloud.fleet import poll
 from gputui.cloud.lifecycle import CloudContext, terminate
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError
-from gputui.model.cloud import BudgetStatus, CloudEvent, InstanceRecord, committed_cost
+from gputui.model.cloud import BudgetStatus, CloudEvent, InstanceRecord
 
 Checkpointer = Callable[[Sequence[InstanceRecord]], None]
 
@@ -41,9 +42,9 @@ class BudgetGuard:
         ctx, p = self.ctx, self.ctx.provider
         now = ctx.clock() if now is None else now
         records = ctx.ledger.instances(p.name, p.region, cluster=ctx.cluster)
-        spent = sum(r.cost(now) for r in records)
+        spent = sum(instance_cost(r, now) for r in records)
         spent += sum(kwh * rate for _s, cluster, _r, _a, _b, kwh, rate in ctx.ledger.energy() if cluster == ctx.cluster)
-        committed = sum(committed_cost(r.launched, now, r.prices, self.interval_s) for r in records if r.running)
+        committed = sum(committed_cost(r, now, self.interval_s) for r in records if r.running)
         return BudgetStatus(ctx.settings.budget_usd, spent, committed + extra_committed, self.warn_fraction)
 
     def check(self) -> list[CloudEvent]:

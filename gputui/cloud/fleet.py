@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from gputui.cloud.costs import instance_cost
+from gputui.cloud.lease import ended_how
 from gputui.cloud.lifecycle import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.provider import TAG_MANAGED
@@ -32,10 +34,9 @@ def poll(ctx: CloudContext, book: PriceBook) -> tuple[list[InstanceInfo], list[C
                 events.append(CloudEvent(now, "vanished", f"{rec.instance_id} is gone from {p.name} (recorded as ended)",
                                          rec.instance_id, rec.cluster))
         elif info.state in ENDED_STATES:
-            kind, by = ("interrupted", "interrupted") if info.interrupted else ("terminated", "external")
-            if ledger.record_end(rec.instance_id, now, info.state, by):
-                why = "spot interruption" if info.interrupted else f"ended outside gputui ({info.state_reason or info.state})"
-                events.append(CloudEvent(now, kind, f"{rec.instance_id} {info.state}: {why}", rec.instance_id, rec.cluster))
+            end = ended_how(p, info, now)  # a spot interruption, its own watchdog (why), or outside gputui
+            if ledger.record_end(rec.instance_id, end.when, info.state, end.ended_by):
+                events.append(CloudEvent(now, end.kind, f"{rec.instance_id} {info.state}: {end.why}", rec.instance_id, rec.cluster))
         else:
             if (info.state, info.public_ip) != (rec.state, rec.address):
                 ledger.update_instance(rec.instance_id, info.state, info.public_ip)
@@ -65,7 +66,7 @@ def fleet(ctx: CloudContext, book: PriceBook) -> tuple[list[FleetEntry], list[Cl
         # Known: on record, and the record agrees it is up (or it is on its way out anyway).
         known = rec is not None and (rec.running or not info.live)
         entries.append(FleetEntry(info, known, rec.hourly_price if rec and known else None,
-                                  rec.cost(now) if rec and known else None))
+                                  instance_cost(rec, now) if rec and known else None))
     return entries, events
 
 

@@ -16,6 +16,7 @@ def register(subparsers: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--profile", type=Path, help="profile with a [cloud] table (default: profiles/aws-spot.toml)")
     common.add_argument("--provider", choices=("ec2", "sim"), help="ec2 (default) or sim, the simulated cloud (or GPUTUI_CLOUD)")
+    common.add_argument("--region", help="AWS region (default: the profile's [cloud] region)")
     common.add_argument("--cluster", help="cluster name, tagged on every instance (default: the profile's file name)")
     yes = argparse.ArgumentParser(add_help=False)
     yes.add_argument("--yes", "-y", action="store_true", help="go ahead without asking (needed without a terminal)")
@@ -29,6 +30,8 @@ def register(subparsers: Any) -> None:
 
     up = sub.add_parser("up", parents=[common, yes], help="launch spot slaves (shows the price and asks first)")
     up.add_argument("--count", type=int, help="how many (default: [cloud] count)")
+    up.add_argument("--ssh-cidr", metavar="CIDR", help="who may reach the slaves' port 22, e.g. 203.0.113.7/32 (or "
+                    "GPUTUI_SSH_CIDR; default: the profile's ssh_cidr, else this machine's public address)")
     up.add_argument("--no-guard", action="store_true", help="do not start the background budget guard")
     up.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S, metavar="S",
                     help=f"seconds between the guard's polls (default {DEFAULT_GUARD_INTERVAL_S:g})")
@@ -36,7 +39,8 @@ def register(subparsers: Any) -> None:
 
     down = sub.add_parser("down", parents=[common, yes], help="terminate slaves by id, or --all")
     down.add_argument("ids", nargs="*", metavar="ID", help="instance ids")
-    down.add_argument("--all", action="store_true", help="every instance the records say is running in the region")
+    down.add_argument("--all", action="store_true", help="every instance the records say is running in the region "
+                      "(only the cluster's with --cluster)")
     down.set_defaults(handler=cmd_down)
 
     ls = sub.add_parser("ls", parents=[common, as_json], help="every gputui instance in the region, orphans marked")
@@ -72,9 +76,23 @@ def context(args: argparse.Namespace, listener: Any = None) -> Any:
     from gputui.cloud.settings import load_cloud_settings
 
     settings = load_cloud_settings(args.profile)
+    if getattr(args, "region", None) and args.region != settings.region:
+        settings = with_region(settings, args.region)
     cluster = check_cluster_name(args.cluster or (settings.source.stem if settings.source else "default"))
     provider = make_provider(args.provider, settings.region)
     return CloudContext(settings, provider, Ledger(), cluster, default_owner(), listener=listener)
+
+
+def with_region(settings: Any, region: str) -> Any:
+    """The settings in another region (the profile's zones are kept only where they belong to it)."""
+    import re
+    from dataclasses import replace
+
+    from gputui.errors import UserError
+
+    if not re.match(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$", region):
+        raise UserError(f"--region {region!r}: expected an AWS region such as us-east-1")
+    return replace(settings, region=region, zones=tuple(z for z in settings.zones if z.startswith(region)))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -87,6 +105,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from gputui.commands import cloud_view as view
     from gputui.errors import GputuiError, UserError
 
+    import os
+
+    from gputui.cloud.address import ENV, check_cidr, resolver_for
+    from gputui.cloud.leaks import down_command
+
+    if args.ssh_cidr is not None:  # the flag wins over GPUTUI_SSH_CIDR and the profile, for this command
+        os.environ[ENV] = check_cidr(args.ssh_cidr, "--ssh-cidr")
     ctx = context(args)
     with ctx.ledger:
         s = ctx.settings
@@ -97,7 +122,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         before = ctx.ledger.instances(ctx.provider.name, s.region, running=True)
         if before:
             view.say(f"note: {describe(before)} already")
-        plan = plan_launch(ctx, count)
+        plan = plan_launch(ctx, count, resolver=resolver_for(ctx.provider.name))
         rate = plan.first_rate or 0.0
         status = BudgetGuard(ctx, args.guard_interval).status(extra_committed=count * rate * 60 / 3600)
         if status.level == "stop":
@@ -129,11 +154,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             pid = guardian.spawn(ctx, args.guard_interval)
             if pid:
                 view.say(f"budget guard running (pid {pid}, every {args.guard_interval:g} s, log {guardian.log_path(ctx)})")
-        view.say("stop them with: gputui cloud down --all   (costs: gputui cost)")
+        view.say(f"stop them with: {down_command(ctx, ctx.cluster)}   (costs: gputui cost)")
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from gputui.cloud.costs import total_cost
     from gputui.cloud.fleet import poll
     from gputui.cloud.lifecycle import terminate
     from gputui.cloud.pricing import PriceBook
@@ -149,8 +175,9 @@ def cmd_down(args: argparse.Namespace) -> int:
     with ctx.ledger:
         p = ctx.provider
         poll(ctx, PriceBook(ctx.price_source))
-        if args.all:
-            targets = p.describe([r.instance_id for r in ctx.ledger.instances(p.name, p.region, running=True)])
+        if args.all:  # every cluster's, or only the one named by --cluster
+            records = ctx.ledger.instances(p.name, p.region, cluster=args.cluster, running=True)
+            targets = p.describe([r.instance_id for r in records]) if records else []
         else:
             found = {i.instance_id: i for i in p.describe(args.ids)}
             for instance_id in args.ids:
@@ -170,12 +197,14 @@ def cmd_down(args: argparse.Namespace) -> int:
             return 1
         final = terminate(ctx, targets, ended_by="user")
         now = ctx.clock()
-        cost = sum(r.cost(now) for r in ctx.ledger.instances(p.name, p.region) if r.instance_id in {t.instance_id for t in targets})
+        ended = {t.instance_id for t in targets}
+        cost = total_cost([r for r in ctx.ledger.instances(p.name, p.region) if r.instance_id in ended], now)
         view.say(f"terminated {len(final)} instance(s); their estimated cost: {view.money(cost)}")
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from gputui.cloud.leaks import cloud_command
     from gputui.cloud.fleet import fleet
     from gputui.cloud.pricing import PriceBook
     from gputui.commands import cloud_view as view
@@ -193,7 +222,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if not entries:
             view.say(f"no gputui instances in {ctx.settings.region}")
             return 0
-        view.fleet_table(entries, now, ctx.settings.region)
+        view.fleet_table(entries, now, ctx.settings.region,
+                         sweep=cloud_command("sweep", ctx.provider.name, profile=ctx.settings.source,
+                                             region=ctx.provider.region))
     return 0
 
 

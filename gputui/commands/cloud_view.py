@@ -109,13 +109,13 @@ def fleet_json(entries: Sequence[FleetEntry], now: float) -> list[dict[str, Any]
     } for e in entries]
 
 
-def fleet_table(entries: Sequence[FleetEntry], now: float, region: str) -> None:
+def fleet_table(entries: Sequence[FleetEntry], now: float, region: str, sweep: str = "gputui cloud sweep") -> None:
     rows = [[e.instance.instance_id, e.instance.cluster or "-", e.instance.instance_type, e.instance.zone,
              e.instance.lifecycle, e.instance.state, e.instance.public_ip or "-", span(now - e.instance.launched),
              rate_text(e.usd_per_hour), money(e.cost_usd), "ORPHAN (not in records)" if e.orphan else "yes"]
             for e in entries]
     orphans = sum(e.orphan for e in entries)
-    caption = (f"{orphans} orphan(s): `gputui cloud sweep` terminates them" if orphans else None)
+    caption = (f"{orphans} orphan(s): `{sweep}` terminates them" if orphans else None)
     print_table(f"gputui instances in {region} (costs are estimates)",
                 ["id", "cluster", "type", "zone", "market", "state", "address", "up", "$/h", "cost", "known"], rows, caption)
 
