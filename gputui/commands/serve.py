@@ -1,0 +1,185 @@
+"""`gputui serve`: the dashboard in a browser, through textual-serve.
+
+Each browser tab that connects gets its own dashboard process (`gputui ui` with the same
+profile and flags), driven over a websocket. The server binds 127.0.0.1 unless `--public`
+says otherwise, because whoever reaches the port drives the dashboard: starts and stops
+runs, launches and terminates paid instances. The websocket also refuses pages from other
+origins (a web page the user visits could otherwise open ws://127.0.0.1:PORT/ws), and on
+loopback a Host header that is not a loopback name (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_HOST = "127.0.0.1"
+PUBLIC_HOST = "0.0.0.0"
+DEFAULT_PORT = 8000
+TUNNEL_HINT = "ssh -L {port}:127.0.0.1:{port} HOST, then `gputui serve` on HOST and open http://127.0.0.1:{port}"
+
+
+def register(subparsers: Any) -> None:
+    from gputui.commands.ui import add_flags
+
+    p = subparsers.add_parser(
+        "serve", help="the dashboard in a browser (textual-serve)",
+        description="Serve the dashboard over HTTP: each browser tab runs its own dashboard on this machine. "
+        "Binds 127.0.0.1 (this machine only); from elsewhere use an SSH tunnel: "
+        + TUNNEL_HINT.format(port=DEFAULT_PORT) + ".")
+    p.add_argument("--host", metavar="ADDRESS", default=None,
+                   help=f"address to listen on (default {DEFAULT_HOST}; with --public {PUBLIC_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="PORT",
+                   help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--public", action="store_true",
+                   help="allow an address other than loopback: whoever reaches the port controls the dashboard, "
+                   "its runs and the cluster's paid instances (no password)")
+    add_flags(p, top_level=False)  # --profile, --demo, ...: passed on to each tab's dashboard
+    p.set_defaults(handler=cmd_serve)
+
+
+def dashboard_argv(args: argparse.Namespace) -> list[str]:
+    """The dashboard command each tab runs: `gputui ui` with the flags `gputui serve` was given
+    (every flag of `gputui ui`, whichever there are; the profile checked and made absolute)."""
+    from gputui.commands.ui import add_flags
+    from gputui.dashboard.setup import resolve_profile
+
+    argv = [sys.executable, "-m", "gputui", "ui"]
+    template = argparse.ArgumentParser(add_help=False)
+    add_flags(template, top_level=False)
+    for action in template._actions:
+        if not action.option_strings or not hasattr(args, action.dest):
+            continue
+        value = getattr(args, action.dest)
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if action.dest == "ui_profile":
+            argv += [flag, str(resolve_profile(value))]  # a bad profile: exit 2 now, not in each tab
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            if value is not None:
+                argv.append(action.option_strings[0] if value else action.option_strings[1])
+        elif action.nargs == 0:  # store_true / store_false / store_const: given when it holds the const
+            if value == action.const:
+                argv.append(flag)
+        elif value is not None:
+            argv += [flag, str(value)]
+    if "--profile" not in argv:
+        argv += ["--profile", str(resolve_profile(None))]
+    return argv
+
+
+def listen_address(args: argparse.Namespace) -> str:
+    from gputui.errors import UserError
+    from gputui.exporter import is_loopback
+
+    host = args.host if args.host is not None else (PUBLIC_HOST if args.public else DEFAULT_HOST)
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port}: expected a port number 0-65535")
+    if not is_loopback(host) and not args.public:
+        raise UserError(f"--host {host} is not a loopback address: whoever reaches it controls the dashboard; "
+                        "add --public if you mean it, or use an SSH tunnel (see gputui serve --help)")
+    return host
+
+
+def loopback_name(host: str) -> bool:
+    """A Host header's name that can only mean this machine."""
+    from gputui.exporter import is_loopback
+
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+    return is_loopback(name.strip("[]")) or name.endswith(".localhost")
+
+
+def same_origin(origin: str | None, host: str) -> bool:
+    """The browser page that opens the websocket was served from this server."""
+    if not origin:
+        return True  # not a browser page (a script, a test client): origins are a browser's guard
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+def make_server(command: str, loopback: bool) -> Any:
+    """A textual-serve Server that builds its URLs from the address the browser used (an SSH
+    tunnel's local port, a host name) and guards its websocket."""
+    from aiohttp import web
+    from textual_serve.server import Server
+
+    class DashboardServer(Server):  # type: ignore[misc]
+        async def handle_index(self, request: web.Request) -> Any:
+            if loopback and not loopback_name(request.host):
+                raise web.HTTPForbidden(text="gputui serve answers only to a loopback name (localhost, 127.0.0.1)")
+            self.public_url = f"{request.scheme}://{request.host}"  # used synchronously by the template's URLs
+            return await super().handle_index(request)
+
+        async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+            if (loopback and not loopback_name(request.host)) or not same_origin(request.headers.get("Origin"),
+                                                                                 request.host):
+                raise web.HTTPForbidden(text="this dashboard's websocket opens only from its own page")
+            return await super().handle_websocket(request)
+
+        async def on_startup(self, app: web.Application) -> None:
+            """Quiet: `gputui serve` says itself where it serves."""
+
+    return DashboardServer(command, title="gputui")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gputui.commands.ui import env_int
+
+    host = listen_address(args)
+    argv = dashboard_argv(args)
+    env_int("GPUTUI_DEMO_HOSTS", 3), env_int("GPUTUI_DEMO_GPUS", 4)  # a bad value: said now, not in each tab
+    from gputui.exporter import is_loopback
+
+    command = "exec " + shlex.join(argv)
+    server = make_server(command, is_loopback(host))
+    import asyncio
+
+    return asyncio.run(serve(server, host, args.port, public=not is_loopback(host)))
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(server: Any, host: str, port: int, public: bool) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from aiohttp import web
+
+    from gputui.errors import GputuiError
+
+    logging.basicConfig(level=logging.WARNING, format="gputui serve: %(message)s")
+    runner = web.AppRunner(await server._make_app(), handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            hint = "; pick another with --port (0: any free one)" if exc.errno == 98 else ""
+            raise GputuiError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+        bound = runner.addresses[0][1] if runner.addresses else port
+        shown = "127.0.0.1" if host == PUBLIC_HOST else host
+        print(f"gputui: serving the dashboard on {url_of(shown, bound)} (one dashboard per browser tab; Ctrl-C stops)",
+              flush=True)
+        if public:
+            print(f"gputui: warning: listening on {host}:{bound}, not loopback: whoever reaches this port controls "
+                  "the dashboard (starts and stops runs, launches and terminates paid instances) with no password; "
+                  "prefer the default and an SSH tunnel: " + TUNNEL_HINT.format(port=bound), file=sys.stderr,
+                  flush=True)
+        else:
+            print("gputui: this machine only; from another one: " + TUNNEL_HINT.format(port=bound), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        print("gputui: stopping: closing the browser sessions (each dashboard quits)", file=sys.stderr, flush=True)
+    finally:
+        await runner.cleanup()
+    return 0
