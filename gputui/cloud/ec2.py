@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from gputui.cloud.pricing import OnDemandBook, SourcedPrice, api_source
 from gputui.cloud.provider import QUOTA_ERRORS, ZONE_ERRORS, CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.cloud.redact import redact
+from gputui.cloud.userdata import user_data
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import InstanceInfo
 
@@ -297,7 +298,11 @@ class Ec2Provider:
             KeyName=request.key_name, SecurityGroupIds=[request.security_group_id],
             Placement={"AvailabilityZone": request.zone},
             TagSpecifications=_tag_specs(["instance", "volume"], request.tags),
-            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},  # IMDSv2 only
+            # IMDSv2 only; the tags readable there, where the watchdog reads its lease
+            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "InstanceMetadataTags": "enabled"},
+            # the watchdog powers off: that must end the bill (a one-time spot instance cannot stop anyway)
+            InstanceInitiatedShutdownBehavior="terminate",
+            UserData=user_data(request.tags),  # installs the watchdog; boto3 encodes it
             ClientToken=uuid.uuid4().hex,  # a retried request never launches twice
         )
         if request.lifecycle == "spot":
@@ -331,15 +336,25 @@ class Ec2Provider:
     def list_tagged(self, tags: Mapping[str, str]) -> list[InstanceInfo]:
         return self._describe([{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()])
 
-    def console_host_keys(self, instance_id: str) -> list[str]:
+    def set_tags(self, ids: Sequence[str], tags: Mapping[str, str]) -> None:
+        """Create or overwrite `tags` on the instances (the lease renewal)."""
+        for i in range(0, len(ids), 1000):
+            with aws_errors("ec2:CreateTags"):
+                self.ec2.create_tags(Resources=list(ids[i:i + 1000]), Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+
+    def console_output(self, instance_id: str) -> str:
+        """The instance's console output (the latest on Nitro instances, else the last buffered)."""
         with aws_errors("ec2:GetConsoleOutput"):
-            try:  # the latest output needs a Nitro instance; others give the last buffered one
+            try:
                 answer = self.ec2.get_console_output(InstanceId=instance_id, Latest=True)
             except Exception as exc:  # noqa: BLE001 - botocore's ClientError, imported lazily
                 if _code(exc) != "UnsupportedOperation":
                     raise
                 answer = self.ec2.get_console_output(InstanceId=instance_id)
-        return parse_console_host_keys(str(answer.get("Output") or ""))
+        return str(answer.get("Output") or "")
+
+    def console_host_keys(self, instance_id: str) -> list[str]:
+        return parse_console_host_keys(self.console_output(instance_id))
 
 
 def _atoms(permissions: Sequence[Mapping[str, Any]]) -> set[Atom]:

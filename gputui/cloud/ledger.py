@@ -218,6 +218,11 @@ class Ledger:
             lines.setdefault(subject, []).append(PricePoint(start, _sourced(rate, source)))
         return [_record(row, tuple(lines.get(row[0], ()))) for row in rows]
 
+    def self_stops(self, since: float | None = None) -> list[InstanceRecord]:
+        """Instances that powered themselves off (their watchdog: ended_by "self:lease", "self:budget",
+        "self:idle" or "self:max_hours"), ended at `since` or later."""
+        return [r for r in self.instances(running=False, since=since) if (r.ended_by or "").startswith("self:")]
+
     def get(self, instance_id: str) -> InstanceRecord | None:
         found = [r for r in self.instances() if r.instance_id == instance_id]
         return found[0] if found else None

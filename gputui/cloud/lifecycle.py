@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from gputui.cloud.address import Resolver, lookup_public_ip, ssh_cidr
+from gputui.cloud.lease import launch_tags
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.pricing import (ListPriceSource, PriceSource, launch_price, launch_rate, on_demand_price, quotes,
                                   resolve_on_demand)
@@ -34,6 +35,12 @@ class CloudContext:
     sleep: Callable[[float], None] = time.sleep
     wait_timeout_s: float = 600.0
     listener: Callable[[CloudEvent], None] | None = None  # sees every event as it is recorded (the UI, the CLI)
+
+    def __post_init__(self) -> None:
+        # Unless given one, the context keeps the cloud's time (a simulated cloud's may be driven
+        # by hand): the ledger's times and the slaves' lease tags are then on one clock.
+        if self.clock is time.time:
+            self.clock = getattr(self.provider, "clock", time.time)
 
     @property
     def price_source(self) -> PriceSource:
@@ -137,8 +144,11 @@ def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt]
         if lifecycle == "spot" and spot_quota_hit:
             continue
         proceed()
+        found, _source = plan.price(zone, lifecycle, s.max_price)
+        # the watchdog's tags: a lease, capped by the budget's end with these instances' $/h added
+        watched = {**tags, **launch_tags(ctx, ctx.clock(), (found or 0.0) * remaining)}
         request = LaunchRequest(s.instance_type, remaining, zone, lifecycle, image, key_name, group,
-                                s.max_price if lifecycle == "spot" else None, tags)
+                                s.max_price if lifecycle == "spot" else None, watched)
         try:
             started_now = p.launch(request)
         except CapacityError as exc:

@@ -19,6 +19,8 @@ from gputui.schema import Field, Section, Source
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+# [cluster] idle_stop_minutes when the profile has no [cluster] table (gputui.cluster.settings' default)
+DEFAULT_IDLE_STOP_MINUTES = 30.0
 AMI_RE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/\S+)$")
 
 
@@ -76,6 +78,13 @@ CLOUD_SECTION = Section(
         "budget_usd": Field("float", "Spending cap of this cluster in dollars; slaves are stopped when it is reached.", None, minimum=0, exclusive_minimum=True),
         "kwh_price": Field("float", "Electricity price in $/kWh, to cost the energy of local GPUs.", None, minimum=0),
         "on_demand_price": Field("float", "On-demand $/h of instance_type here (default: the AWS Pricing API's price for the region, cached a day; gputui's dated us-east-1 table when it cannot be asked).", None, minimum=0, exclusive_minimum=True),
+        "lease_minutes": Field("float", "Each slave powers itself off (and terminates) once its lease passes: this long "
+                               "after the master's last renewal, sooner when the budget would run out first.", 10.0,
+                               minimum=2, maximum=1440),
+        "renew_minutes": Field("float", "How often the master (the budget guard, `gputui run`, the dashboard) renews "
+                               "the lease; shorter than lease_minutes.", 2.0, minimum=0.1, maximum=720),
+        "max_hours": Field("float", "Each slave powers itself off this many hours after launch, whatever the master "
+                           "says (default: no limit).", None, minimum=0, exclusive_minimum=True),
     },
     required=("budget_usd",),
 )
@@ -100,6 +109,11 @@ class CloudSettings:
     on_demand_fallback: bool = False
     kwh_price: float | None = None
     on_demand_price: float | None = None
+    lease_minutes: float = 10.0
+    renew_minutes: float = 2.0
+    max_hours: float | None = None
+    # [cluster] idle_stop_minutes of the same profile: the slaves' own idle stop (0: never)
+    idle_stop_minutes: float = DEFAULT_IDLE_STOP_MINUTES
     source: Path | None = None  # the profile file, for messages and relative paths
 
     def public_key_path(self) -> Path:
@@ -138,4 +152,8 @@ def load_cloud_settings(path: Path | None) -> CloudSettings:
     if stray:
         raise Source(path, path.read_text(encoding="utf-8")).error(
             "cloud", "zones", f"{stray[0]!r} is not a zone of region {region!r}")
-    return CloudSettings(source=path, **table)
+    if table.get("renew_minutes", 2.0) >= table.get("lease_minutes", 10.0):
+        raise Source(path, path.read_text(encoding="utf-8")).error(
+            "cloud", "renew_minutes", "must be shorter than lease_minutes, or a lease could pass between renewals")
+    idle = profile.tables.get("cluster", {}).get("idle_stop_minutes", DEFAULT_IDLE_STOP_MINUTES)
+    return CloudSettings(source=path, idle_stop_minutes=float(idle), **table)
