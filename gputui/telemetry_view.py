@@ -1,23 +1,44 @@
 """Rich tables of host snapshots for `gputui monitor` (the dashboard draws its own).
 
 Names, states and messages come from remote hosts: every cell is a `Text`, never markup,
-cleaned of control characters.
+cleaned of control characters. Numbers are formatted by `gputui.units` and always carry
+their unit ("57/400 W", "36°C", "1.1/80 GiB").
+
+The table fits the width it is drawn at without cutting a value: each column is as wide as
+its widest value, and when they do not all fit, whole columns drop, in this fixed order
+(first dropped first):
+
+ 1. Throttle        2. Procs       3. SM/Mem (clocks)   4. P (performance state)
+ 5. Fan             6. Poll
+ 7. Host, State, CPU and RAM leave their columns for a host line: a row of its own above
+    the host's GPUs, "vm  ok  CPU 10%  RAM 1.1/126 GiB  poll 150 ms", that wraps at spaces
+ 8. MemBW           9. Temp       10. Util
+GPU, Name / reason, Memory and Power never drop. A host's reason (unreachable, failed, no
+driver) is in the Name / reason column, which takes the width the others leave and wraps
+at spaces, so the reason is read whole at any width. Rich lays the table out; this module
+only chooses the columns (`layout`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from gputui.model.telemetry import HostSnapshot, HostState, fmt, fmt_pair, throttle_text
+from gputui import units
+from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, throttle_text
 from gputui.model.text import MAX_CHARS, clean
 from gputui.processes import ProcessRow
 
 NAME_W = 40  # a longer GPU name is cut with an ellipsis
+HOST_W = 48  # a longer host name is cut with an ellipsis
 COMMAND_W = 60  # a process's command line in the process table
 MESSAGE_CHARS = 300  # a host's message folds in its cell up to this length
+REASON_MIN_W = 24  # the Name / reason column is never narrower than this (a reason wraps at spaces)
 STATE_STYLE = {
     HostState.OK: "green",
     HostState.NO_DRIVER: "yellow",
@@ -25,8 +46,22 @@ STATE_STYLE = {
 }
 
 
-def _gib(mib: float | None) -> float | None:
-    return None if mib is None else mib / 1024
+@dataclass(frozen=True)
+class _Col:
+    key: str
+    title: str
+    right: bool = False  # numbers are right-aligned
+
+
+HOST_COLS = (_Col("host", "Host"), _Col("state", "State"), _Col("cpu", "CPU", True), _Col("ram", "RAM", True),
+             _Col("poll", "Poll", True))
+GPU_COLS = (_Col("gpu", "GPU", True), _Col("name", "Name / reason"), _Col("util", "Util", True),
+            _Col("membw", "MemBW", True), _Col("memory", "Memory", True), _Col("temp", "Temp", True),
+            _Col("power", "Power", True), _Col("fan", "Fan", True), _Col("clocks", "SM/Mem", True),
+            _Col("pstate", "P"), _Col("throttle", "Throttle"), _Col("procs", "Procs", True))
+HOST_LINE = "host-line"  # the drop step that moves Host, State, CPU, RAM (and Poll) to a line of their own
+DROP_ORDER = ("throttle", "procs", "clocks", "pstate", "fan", "poll", HOST_LINE, "membw", "temp", "util")
+INLINE_HOST = ("host", "state", "cpu", "ram")
 
 
 def safe(value: object, style: str = "", width: int | None = None, limit: int = MAX_CHARS) -> Text:
@@ -39,51 +74,162 @@ def safe(value: object, style: str = "", width: int | None = None, limit: int = 
     return text
 
 
-def _add_row(table: Table, *cells: Text | str) -> None:
-    """A row whose plain strings (numbers, or what a replayed file put there) are text, not markup."""
-    table.add_row(*(cell if isinstance(cell, Text) else safe(cell) for cell in cells))
+def _num(fn: object, *values: object) -> Text:
+    """A number through its `units` format; a value that is text where a number belongs (a
+    replayed file) is shown as that text, cleaned."""
+    if any(isinstance(v, str) for v in values):
+        return safe("/".join("" if v is None else str(v) for v in values), width=16)
+    return Text(fn(*values))  # type: ignore[operator]
 
 
-def _host_cells(host: HostSnapshot) -> list[Text | str]:
-    style = STATE_STYLE.get(host.state, "bold red")
-    took = "n/a" if host.duration_s is None else f"{host.duration_s * 1000:.0f} ms"
-    return [
-        safe(host.name, "bold", width=48),
-        Text(host.state.value, style=style),
-        fmt(host.cpu_pct, "%"),
-        fmt_pair(_gib(host.mem_used_mib), _gib(host.mem_total_mib), " GiB"),
-        took,
-    ]
+def _poll(host: HostSnapshot) -> str:
+    return units.NA if host.duration_s is None else f"{host.duration_s * 1000:.0f} ms"
 
 
-def hosts_table(hosts: Sequence[HostSnapshot]) -> Table:
-    """One row per GPU; a host without GPUs (or not ok) gets one row with its reason."""
-    table = Table(show_lines=False, header_style="bold", pad_edge=False)
-    for title in ("Host", "State", "CPU", "RAM", "Poll", "GPU", "Name / reason", "Util", "MemBW", "Memory MiB", "Temp", "Power W", "Fan", "SM/Mem MHz", "P", "Throttle", "Procs"):
-        table.add_column(title, no_wrap=title not in ("Name / reason",), overflow="fold")
+def _host_cells(host: HostSnapshot) -> dict[str, Text]:
+    return {
+        "host": safe(host.name, "bold", width=HOST_W),
+        "state": Text(host.state.value, style=STATE_STYLE.get(host.state, "bold red")),
+        "cpu": _num(units.pct, host.cpu_pct),
+        "ram": _num(units.mem, host.mem_used_mib, host.mem_total_mib),
+        "poll": Text(_poll(host)),
+    }
+
+
+def _host_line(host: HostSnapshot, width: int | None) -> Text:
+    """Everything about the host above its GPUs: name, state and poll time, then CPU and RAM;
+    on one line where `width` cells hold it, else two (the name's line wraps at spaces)."""
+    state = Text(host.state.value, style=STATE_STYLE.get(host.state, "bold red"))
+    first = Text.assemble(safe(host.name, "bold", width=HOST_W), "  ", state)
+    if host.duration_s is not None:
+        first.append(f"  poll {_poll(host)}", style="dim")
+    if host.cpu_pct is None and host.mem_total_mib is None:
+        return first
+    second = Text.assemble("CPU ", _num(units.pct, host.cpu_pct), "  RAM ", _num(units.mem, host.mem_used_mib, host.mem_total_mib))
+    one = Text.assemble(first, "  ", second)
+    return one if width is not None and one.cell_len <= width else Text("\n").join([first, second])
+
+
+def _reason(host: HostSnapshot) -> Text:
+    """Why the host has no GPU row (or a note), styled by whether the poll worked."""
+    text = host.message or ("no GPU" if host.state.worked else host.state.value)
+    return safe(text, "dim" if host.state.worked else "red", limit=MESSAGE_CHARS)
+
+
+def _gpu_cells(gpu: GpuSample) -> dict[str, Text]:
+    return {
+        "gpu": Text(str(gpu.index)),
+        "name": safe(gpu.name or units.NA, width=NAME_W),
+        "util": _num(units.pct, gpu.util_pct),
+        "membw": _num(units.pct, gpu.mem_util_pct),
+        "memory": _num(units.mem, gpu.mem_used_mib, gpu.mem_total_mib),
+        "temp": _num(units.temp, gpu.temperature_c),
+        "power": _num(units.power, gpu.power_w, gpu.power_limit_w),
+        "fan": _num(units.pct, gpu.fan_pct),
+        "clocks": _num(_mhz, gpu.clock_sm_mhz, gpu.clock_mem_mhz),
+        "pstate": safe(units.NA if gpu.pstate is None else gpu.pstate, width=5),
+        "throttle": Text(throttle_text(gpu.throttle), style="bold yellow" if gpu.throttled else "dim"),
+        "procs": Text(str(len(gpu.processes))),
+    }
+
+
+def _mhz(sm: float | None, mem: float | None) -> str:
+    """Clocks: "1980/2619 MHz"."""
+    if sm is None and mem is None:
+        return units.NA
+    return "/".join(units.NA if v is None else f"{v:.0f}" for v in (sm, mem)) + " MHz"
+
+
+def _rows(hosts: Sequence[HostSnapshot], host_line: bool, name_w: int | None = None) -> list[dict[str, Text]]:
+    """The table's rows as cells by column key (a key left out is an empty cell); `name_w` is
+    the width the Name / reason column gets, where known."""
+    rows: list[dict[str, Text]] = []
     for host in hosts:
+        if host_line:
+            rows.append({"name": _host_line(host, name_w)})
+            if not host.gpus:
+                rows.append({"name": _reason(host)})
+            rows.extend(_gpu_cells(gpu) for gpu in host.gpus)
+            continue
         cells = _host_cells(host)
         if not host.gpus:
-            _add_row(table, *cells, "", safe(host.message or "", "dim" if host.state.worked else "red", limit=MESSAGE_CHARS), *[""] * 10)
-            continue
+            rows.append({**cells, "name": _reason(host)})
         for n, gpu in enumerate(host.gpus):
-            _add_row(
-                table,
-                *(cells if n == 0 else [""] * len(cells)),
-                str(gpu.index),
-                safe(gpu.name or "n/a", width=NAME_W),
-                fmt(gpu.util_pct, "%"),
-                fmt(gpu.mem_util_pct, "%"),
-                fmt_pair(gpu.mem_used_mib, gpu.mem_total_mib),
-                fmt(gpu.temperature_c, "C"),
-                fmt_pair(gpu.power_w, gpu.power_limit_w),
-                fmt(gpu.fan_pct, "%"),
-                fmt_pair(gpu.clock_sm_mhz, gpu.clock_mem_mhz),
-                safe(fmt(gpu.pstate), width=5),
-                Text(throttle_text(gpu.throttle), style="bold yellow" if gpu.throttled else "dim"),
-                str(len(gpu.processes)),
-            )
+            rows.append({**(cells if n == 0 else {}), **_gpu_cells(gpu)})
+    return rows
+
+
+def _columns(dropped: set[str]) -> list[_Col]:
+    host = [] if HOST_LINE in dropped else [c for c in HOST_COLS if c.key not in dropped]
+    return host + [c for c in GPU_COLS if c.key not in dropped]
+
+
+def _needed(col: _Col, rows: list[dict[str, Text]]) -> int:
+    """Cells the column needs to show every value whole: the widest value (or header); the
+    Name / reason column wraps, so it needs its GPU names and REASON_MIN_W."""
+    widths = [cell_len(col.title)]
+    for row in rows:
+        cell = row.get(col.key)
+        if cell is None:
+            continue
+        if col.key == "name" and not cell.no_wrap:  # a reason or a host line: wraps at spaces
+            first, *more = cell.plain.split("\n")  # a host line's second line (CPU, RAM) stays whole
+            widths.extend([min(cell_len(first), REASON_MIN_W), *map(cell_len, more)])
+        else:
+            widths.append(cell.cell_len)
+    return max(widths)
+
+
+def table_width(widths: Sequence[int]) -> int:
+    """Cells a HEAVY_HEAD table takes for columns of these content widths (padding 0,1, a
+    border on each side and between columns)."""
+    n = len(widths)
+    return sum(widths) + 3 * n + 1 if n else 0
+
+
+def layout(hosts: Sequence[HostSnapshot], width: int) -> tuple[list[_Col], bool]:
+    """The columns that fit `width` (dropping in DROP_ORDER) and whether hosts get a host line."""
+    dropped: set[str] = set()
+    for step in (None, *DROP_ORDER):
+        if step is not None:
+            dropped.add(step)
+        cols = _columns(dropped)
+        rows = _rows(hosts, HOST_LINE in dropped)
+        if table_width([_needed(c, rows) for c in cols]) <= width:
+            break
+    return cols, HOST_LINE in dropped
+
+
+def hosts_table(hosts: Sequence[HostSnapshot], width: int = 200) -> Table:
+    """One row per GPU; a host without GPUs (or not ok) gets one row with its reason. The
+    columns are those that fit `width` (see the module's docstring)."""
+    cols, host_line = layout(hosts, width)
+    rows = _rows(hosts, host_line)
+    others = [_needed(c, rows) for c in cols if c.key != "name"]
+    rows = _rows(hosts, host_line, name_w=width - table_width([*others, 0]))
+    table = Table(show_lines=False, header_style="bold")
+    for col in cols:
+        need = _needed(col, rows)
+        if col.key == "name":
+            title = "Host / GPU name" if host_line else col.title
+            table.add_column(title, no_wrap=False, overflow="fold", min_width=need)
+        else:
+            table.add_column(col.title, no_wrap=True, overflow="ellipsis", min_width=need,
+                             justify="right" if col.right else "left")
+    for row in rows:
+        table.add_row(*(row.get(c.key, Text("")) for c in cols))
     return table
+
+
+class HostsTable:
+    """The hosts table as a renderable laid out for the width it is drawn at (so a live view
+    follows the terminal's resizes)."""
+
+    def __init__(self, hosts: Sequence[HostSnapshot]) -> None:
+        self.hosts = list(hosts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield hosts_table(self.hosts, options.max_width)
 
 
 def duration(seconds: float | None) -> str:
@@ -100,16 +246,24 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d {s % 86400 // 3600:02d}h"
 
 
+def _add_row(table: Table, *cells: Text | str) -> None:
+    """A row whose plain strings (numbers, or what a replayed file put there) are text, not markup."""
+    table.add_row(*(cell if isinstance(cell, Text) else safe(cell) for cell in cells))
+
+
 def processes_table(rows: Sequence[ProcessRow]) -> Table:
-    """One row per compute process (gputui monitor --procs); users and commands are text."""
-    table = Table(show_lines=False, header_style="bold", pad_edge=False, title="Processes")
-    for title in ("Host", "GPU", "PID", "User", "GPU MiB", "SM", "CPU", "RSS MiB", "Time", "Command"):
-        table.add_column(title, no_wrap=True, overflow="ellipsis", justify="right" if title in ("GPU", "PID", "GPU MiB", "SM", "CPU", "RSS MiB", "Time") else "left")
+    """One row per compute process (gputui monitor --procs); users and commands are text. The
+    command wraps (at spaces) to the width the other columns leave."""
+    table = Table(show_lines=False, header_style="bold", title="Processes")
+    for title in ("Host", "GPU", "PID", "User", "GPU mem", "SM", "CPU", "RSS", "Time"):
+        table.add_column(title, no_wrap=True, overflow="ellipsis",
+                         justify="right" if title in ("GPU", "PID", "GPU mem", "SM", "CPU", "RSS", "Time") else "left")
+    table.add_column("Command", no_wrap=False, overflow="fold", min_width=12)
     if not rows:
         table.add_row(*[""] * 9, Text("no compute process", style="dim"))
     for row in rows:
         p = row.process
         _add_row(table, safe(row.host, "bold", width=32), str(row.gpu), str(p.pid), safe(p.user or "n/a", width=16),
-                 fmt(p.gpu_memory_mib), fmt(p.sm_pct, "%"), fmt(p.cpu_pct, "%"), fmt(p.rss_mib), duration(p.running_s),
-                 safe(p.name or "n/a", width=COMMAND_W))
+                 _num(units.mib, p.gpu_memory_mib), _num(units.pct, p.sm_pct), _num(units.pct, p.cpu_pct),
+                 _num(units.mib, p.rss_mib), duration(p.running_s), safe(p.name or "n/a", limit=COMMAND_W * 4))
     return table

@@ -13,6 +13,7 @@ from typing import Any
 from gputui.errors import UserError
 
 DEFAULT_INTERVAL_S = 2.0
+PIPE_WIDTH = 200  # the table's width off a terminal (a file, `| less`, CI; $COLUMNS is often stale there)
 
 
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
@@ -252,10 +253,10 @@ class _View:
             return
         from rich.console import Group
 
-        from gputui.telemetry_view import hosts_table, processes_table
+        from gputui.telemetry_view import HostsTable, processes_table
 
         console = self._get_console()
-        table: Any = hosts_table(hosts)
+        table: Any = HostsTable(hosts)  # laid out at the console's width, each time it is drawn
         if self.procs is not None:
             table = Group(table, processes_table(self.procs.rows(hosts)))
         if self.once or not console.is_terminal:
@@ -290,8 +291,7 @@ class _View:
         if self._console is None:
             from rich.console import Console
 
-            tty = sys.stdout.isatty()
-            self._console = Console(highlight=False, width=None if tty else 200)
+            self._console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
         return self._console
 
     def close(self) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 # Below this many seconds of CPU time (all cores) between two readings, a percentage is noise.
 MIN_CPU_WINDOW_S = 0.05
+# The first reading waits at most this long for a second one (so `gputui monitor --once` has a CPU %).
+FIRST_SAMPLE_WAIT_S = 0.5
+FIRST_SAMPLE_STEP_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -61,13 +65,19 @@ def parse_meminfo(text: str) -> tuple[float | None, float | None]:
 
 
 class LocalHost:
-    """CPU % since the previous reading and memory of this machine, through psutil."""
+    """CPU % since the previous reading and memory of this machine, through psutil.
 
-    def __init__(self) -> None:
+    The first `sample()` comes right after the reading taken at construction, too soon for a
+    percentage: it takes readings a short interval apart (at most FIRST_SAMPLE_WAIT_S) until the
+    window is long enough, so a single poll (`gputui monitor --once`) shows the CPU % too."""
+
+    def __init__(self, first_wait_s: float = FIRST_SAMPLE_WAIT_S) -> None:
         import psutil
 
         self._psutil = psutil
         self._last = self._times()
+        self._first_wait_s = first_wait_s
+        self._settled = False  # a percentage was given once: later samples never wait
 
     def _times(self) -> CpuTimes | None:
         try:
@@ -84,6 +94,13 @@ class LocalHost:
         """(CPU %, memory used MiB, memory total MiB); None for what cannot be read."""
         now = self._times()
         cpu = cpu_percent(self._last, now, MIN_CPU_WINDOW_S)
+        if cpu is None and not self._settled and self._last is not None and now is not None:
+            deadline = time.monotonic() + self._first_wait_s
+            while cpu is None and now is not None and time.monotonic() < deadline:
+                time.sleep(FIRST_SAMPLE_STEP_S)
+                now = self._times()
+                cpu = cpu_percent(self._last, now, MIN_CPU_WINDOW_S)
+        self._settled = self._settled or cpu is not None
         if cpu is not None or self._last is None:
             self._last = now  # keep the older reading until the window is long enough
         used: float | None
