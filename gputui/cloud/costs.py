@@ -10,13 +10,34 @@ instance up for 11 s costs its first 60 s in every view (and its mean $/h is its
 from __future__ import annotations
 
 import math
+import os
+import time
 from dataclasses import dataclass
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable
 
 from gputui.cloud.ledger import Ledger
 from gputui.model.cloud import InstanceRecord, PricePoint, SpendLine, billed_seconds, metered_cost
 
 ALL_TIME = (-math.inf, math.inf)
+
+
+def report_clock() -> Callable[[], float]:
+    """The time reports are made at: the wall clock, or the simulated cloud's when a test drives it
+    by hand (GPUTUI_SIM_CLOCK names a file holding the time), so every view is read at one moment."""
+    path = os.environ.get("GPUTUI_SIM_CLOCK")
+    if not path:
+        return time.time
+
+    def clock() -> float:
+        from gputui.errors import UserError
+
+        try:
+            return float(Path(path).read_text(encoding="ascii").strip())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"GPUTUI_SIM_CLOCK={path}: {exc}") from None
+
+    return clock
 
 
 def _prices(rec: InstanceRecord) -> tuple[PricePoint, ...]:

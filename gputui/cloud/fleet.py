@@ -43,11 +43,13 @@ def poll(ctx: CloudContext, book: PriceBook) -> tuple[list[InstanceInfo], list[C
                 if info.state == "running" and rec.state != "running":
                     events.append(CloudEvent(now, "running", f"{rec.instance_id} running at {info.public_ip}",
                                              rec.instance_id, rec.cluster))
-            if rec.lifecycle == "spot" and book.stale(rec.instance_type, rec.zone):
-                price = book.spot(rec.instance_type, rec.zone)
+            # The book re-reads a zone's price when it is stale; every instance of that zone then
+            # takes the new price (not only the first one polled after the re-read).
+            price = book.spot(rec.instance_type, rec.zone) if rec.lifecycle == "spot" else None
+            if price is not None and abs(price - rec.hourly_price) > 1e-12:
                 source = getattr(ctx.price_source, "spot_source", None)
-                if price is not None and ledger.set_price(rec.instance_id, now, price,
-                                                          price_source=source() if callable(source) else None):
+                if ledger.set_price(rec.instance_id, now, price,
+                                    price_source=source() if callable(source) else None):
                     events.append(CloudEvent(now, "price", f"{rec.instance_id} spot price now ${price:.4f}/h",
                                              rec.instance_id, rec.cluster))
     return list(live.values()), ctx.record(events)

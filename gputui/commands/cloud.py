@@ -80,7 +80,11 @@ def context(args: argparse.Namespace, listener: Any = None) -> Any:
         settings = with_region(settings, args.region)
     cluster = check_cluster_name(args.cluster or (settings.source.stem if settings.source else "default"))
     provider = make_provider(args.provider, settings.region)
-    return CloudContext(settings, provider, Ledger(), cluster, default_owner(), listener=listener)
+    # The provider's clock where it has one (a simulated cloud driven by hand), so every figure
+    # is taken at the cloud's own time.
+    clock = getattr(provider, "clock", None)
+    return CloudContext(settings, provider, Ledger(), cluster, default_owner(), listener=listener,
+                        **({"clock": clock} if callable(clock) else {}))
 
 
 def with_region(settings: Any, region: str) -> Any:
@@ -154,6 +158,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             pid = guardian.spawn(ctx, args.guard_interval)
             if pid:
                 view.say(f"budget guard running (pid {pid}, every {args.guard_interval:g} s, log {guardian.log_path(ctx)})")
+        else:
+            view.say(f"no budget guard: nothing renews the slaves' lease, so they power themselves off within "
+                     f"{s.lease_minutes:g} min unless `gputui run` or the dashboard uses them")
         view.say(f"stop them with: {down_command(ctx, ctx.cluster)}   (costs: gputui cost)")
     return 0
 
@@ -310,7 +317,10 @@ def cmd_guard(args: argparse.Namespace) -> int:
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         view.say(f"guarding cluster {ctx.cluster} every {args.interval:g} s (budget {view.money(ctx.settings.budget_usd, 2)})")
         try:
-            guard_loop(ctx, guard, PriceBook(ctx.price_source), stop)
+            from gputui.cloud.lease import LeaseRenewer
+
+            with LeaseRenewer(ctx):  # the slaves' lease (their watchdog's), renewed while the guard lives
+                guard_loop(ctx, guard, PriceBook(ctx.price_source), stop)
         except KeyboardInterrupt:
             view.say("interrupted")
         finally:

@@ -15,16 +15,14 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    import time
-
-    from gputui.cloud.costs import report
+    from gputui.cloud.costs import report, report_clock
     from gputui.cloud.ledger import Ledger
     from gputui.commands import cloud_view as view
     from gputui.errors import UserError
 
     if args.since is not None and not args.since > 0:
         raise UserError(f"--since {args.since:g}: expected a number of days > 0")
-    now = time.time()
+    now = report_clock()()
     since = now - args.since * 86400 if args.since is not None else None
     ledger = Ledger.existing()
     clusters, runs = ([], []) if ledger is None else report(ledger, now, since)
