@@ -1,0 +1,305 @@
+"""A run's curves, without UI: train loss, test loss and test accuracy against step, epoch,
+samples or time, smoothed the way TensorBoard smooths, with ticks for an axis and CSV export.
+
+Series (each point carries all four x values, so switching the axis needs no refold):
+- `train_loss`: the step events' loss;
+- `epoch_loss`: each epoch event's `train_loss` (the epoch's mean, one point at its last step);
+- `test_loss`, `test_acc`: the evaluations, from eval events (within an epoch) and the epoch
+  events (which carry the end-of-epoch evaluation).
+
+X axes: `step`; `epoch` (fractional: step / steps_per_epoch); `samples` (step x the global
+batch); `time`, the run's own clock (`elapsed_s`: evaluations and the gaps between a stop and
+its resume are not counted, so runs compare fairly).
+
+`Curves.fold` is cheap (one tuple append per event) so a fast run's events fold as they
+come; drawing is the widget's business (gputui.ui.curves, throttled). Everything read from
+a file is data: numbers go through `gputui.events.typed`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence, TextIO
+
+from gputui import history, runs, units
+from gputui.errors import UserError
+from gputui.events import typed
+
+X_AXES = ("step", "epoch", "samples", "time")
+X_LABELS = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "training time"}
+SERIES = ("train_loss", "epoch_loss", "test_loss", "test_acc")
+SERIES_LABELS = {"train_loss": "train loss", "epoch_loss": "epoch mean", "test_loss": "test loss",
+                 "test_acc": "test acc"}
+LOSSES = ("train_loss", "epoch_loss", "test_loss")
+MAX_POINTS = 2000  # per series; past this the older half is thinned to every other point
+MAX_WEIGHT = 0.99
+CSV_NAME = "curves.csv"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One value and where it was, on each x axis (None where not known)."""
+
+    step: int | None
+    epoch: float | None
+    samples: int | None
+    time_s: float | None
+    value: float
+
+    def x(self, axis: str) -> float | None:
+        return {"step": self.step, "epoch": self.epoch, "samples": self.samples, "time": self.time_s}[axis]
+
+
+def _capped(points: tuple[Point, ...], point: Point) -> tuple[Point, ...]:
+    out = points + (point,)
+    if len(out) > MAX_POINTS:
+        half = len(out) // 2
+        out = out[:half:2] + out[half:]
+    return out
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Curves:
+    """One run's series. `version` grows with every change (a view redraws only when it moved)."""
+
+    run_id: str | None = None
+    run_dir: str | None = None
+    steps_per_epoch: int | None = None
+    batch_size: int | None = None
+    train_loss: tuple[Point, ...] = ()
+    epoch_loss: tuple[Point, ...] = ()
+    test_loss: tuple[Point, ...] = ()
+    test_acc: tuple[Point, ...] = ()
+    version: int = field(default=0, compare=False)
+
+    def series(self, name: str) -> tuple[Point, ...]:
+        points: tuple[Point, ...] = getattr(self, name)
+        return points
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.series(name) for name in SERIES)
+
+    def _point(self, event: Mapping[str, Any], value: float) -> Point:
+        step = event.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        epoch = _num(event.get("epoch"))
+        if step is not None and self.steps_per_epoch:
+            epoch = step / self.steps_per_epoch
+        samples = step * self.batch_size if step is not None and self.batch_size else None
+        return Point(step, epoch, samples, _num(event.get("elapsed_s")), value)
+
+    def fold(self, event: Mapping[str, Any]) -> "Curves":
+        """These curves after one event of a run (events that carry no curve change nothing)."""
+        event = typed(event)
+        kind = event.get("event")
+        if kind == "start":
+            resumed = event.get("resumed_from_step")
+            run_id = event.get("run_id")
+            base = self
+            if resumed is None or (run_id is not None and self.run_id is not None and run_id != self.run_id):
+                base = Curves(version=self.version)
+            else:  # a resume repeats the steps after its checkpoint: drop those the killed run had gone past
+                cut = {name: tuple(p for p in base.series(name) if p.step is None or p.step <= resumed) for name in SERIES}
+                base = replace(base, **cut)
+            spe, batch = event.get("steps_per_epoch"), event.get("batch_size")
+            return replace(base, run_id=run_id if isinstance(run_id, str) else base.run_id,
+                           run_dir=event.get("run_dir") if isinstance(event.get("run_dir"), str) else base.run_dir,
+                           steps_per_epoch=spe if isinstance(spe, int) and spe > 0 else base.steps_per_epoch,
+                           batch_size=batch if isinstance(batch, int) and batch > 0 else base.batch_size,
+                           version=self.version + 1)
+        added: dict[str, tuple[Point, ...]] = {}
+        if kind == "step":
+            added = self._add(added, "train_loss", event, event.get("loss"))
+        elif kind in ("eval", "epoch"):
+            if kind == "epoch":
+                added = self._add(added, "epoch_loss", event, event.get("train_loss"))
+            added = self._add(added, "test_loss", event, event.get("test_loss"))
+            added = self._add(added, "test_acc", event, event.get("test_acc"))
+        if not added:
+            return self
+        return replace(self, **added, version=self.version + 1)
+
+    def _add(self, added: dict[str, tuple[Point, ...]], name: str, event: Mapping[str, Any],
+             value: Any) -> dict[str, tuple[Point, ...]]:
+        v = _num(value)
+        if v is None or not math.isfinite(v):
+            return added
+        return {**added, name: _capped(self.series(name), self._point(event, v))}
+
+    def extend(self, events: Iterable[Mapping[str, Any]]) -> "Curves":
+        curves = self
+        for event in events:
+            if isinstance(event, Mapping):
+                curves = curves.fold(event)
+        return curves
+
+    @classmethod
+    def from_events(cls, events: Iterable[Mapping[str, Any]]) -> "Curves":
+        return cls().extend(events)
+
+    @classmethod
+    def from_points(cls, loss: Sequence[tuple[float, float]], acc: Sequence[tuple[float, float]],
+                    steps_per_epoch: int | None, batch_size: int | None, run_id: str | None = None,
+                    run_dir: str | None = None) -> "Curves":
+        """Curves from (step, value) pairs alone (a view given only those): no time axis, no test loss."""
+        base = cls(run_id=run_id, run_dir=run_dir, steps_per_epoch=steps_per_epoch, batch_size=batch_size)
+        return replace(base, train_loss=tuple(base._point({"step": int(s)}, float(v)) for s, v in loss),
+                       test_acc=tuple(base._point({"step": int(s)}, float(v)) for s, v in acc), version=1)
+
+
+# -- smoothing -------------------------------------------------------------------------------------
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """TensorBoard's debiased exponential moving average: the running average starts at 0 and
+    is divided by 1 - weight**n (n = values so far), so the first value is kept as it is and a
+    constant series stays constant. `weight` 0 returns the values unchanged."""
+    weight = min(max(weight, 0.0), MAX_WEIGHT)
+    out: list[float] = []
+    last, n = 0.0, 0
+    for v in values:
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def xy(points: Sequence[Point], axis: str, weight: float = 0.0) -> tuple[list[float], list[float]]:
+    """The points that have a value on `axis`, as (xs, ys), the ys smoothed with `weight`."""
+    kept = [(x, p.value) for p in points if (x := p.x(axis)) is not None]
+    xs = [float(x) for x, _ in kept]
+    ys = [v for _, v in kept]
+    return xs, (ema(ys, weight) if weight > 0 else ys)
+
+
+# -- ticks -----------------------------------------------------------------------------------------
+
+def _nice_steps(span: float, count: int, steps: Sequence[float] = (1, 2, 2.5, 5)) -> Iterable[float]:
+    """Round tick spacings from about half of span/count upward."""
+    raw = span / max(1, count) / 2
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    while True:
+        for s in steps:
+            if s * mag >= raw:
+                yield s * mag
+        mag *= 10
+
+
+def linear_ticks(lo: float, hi: float, count: int) -> list[float]:
+    """Round ticks (1, 2, 2.5, 5 x 10^k apart) inside lo..hi: as many as fit in `count`."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return []
+    if hi <= lo:
+        return [lo]
+    for step in _nice_steps(hi - lo, count):
+        first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+        if last - first + 1 <= max(1, count):
+            return [round(k * step, 12) for k in range(first, last + 1)]
+    return []  # not reached
+
+
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def time_ticks(lo: float, hi: float, count: int) -> list[float]:
+    """Ticks on whole seconds, minutes or hours."""
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(1, count)
+    step = next((float(s) for s in TIME_STEPS if s >= raw), 86400.0 * math.ceil(raw / 86400))
+    first = math.ceil(lo / step - 1e-9) * step
+    return [first + k * step for k in range(int((hi - first) // step) + 1)]
+
+
+def log_ticks(lo: float, hi: float, count: int) -> list[float]:
+    """Ticks for a log axis: 1, 2, 5 x 10^k (thinned to decades when too many)."""
+    if lo <= 0 or hi <= 0 or not (math.isfinite(lo) and math.isfinite(hi)):
+        return []
+    if hi <= lo:
+        return [lo]
+    for mantissas in ((1, 2, 5), (1, 3), (1,)):
+        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        ticks = [t for e in decades for m in mantissas if lo <= (t := float(f"{m}e{e}")) <= hi]
+        if len(ticks) <= max(2, count):
+            break
+    if len(ticks) < 2:  # less than one 1-2-5 step inside: round ticks on a linear spacing
+        ticks = [t for t in linear_ticks(lo, hi, max(2, count)) if t > 0]
+    return ticks
+
+
+def ticks(axis: str, lo: float, hi: float, count: int) -> list[float]:
+    """Round ticks for an x axis."""
+    return time_ticks(lo, hi, count) if axis == "time" else linear_ticks(lo, hi, count)
+
+
+def x_label(axis: str, value: float) -> str:
+    """A tick label on an x axis, in its unit."""
+    if axis == "time":
+        return units.duration(value)
+    if axis == "samples":
+        return units.rate(value).removesuffix("/s") if value >= 1000 else f"{value:.0f}"
+    return f"{value:g}"
+
+
+def y_label(value: float, step: float | None = None, percent: bool = False) -> str:
+    """A tick label on a y axis: as many decimals as the tick spacing needs."""
+    digits = 0 if not step or step >= 1 else min(4, max(0, -math.floor(math.log10(step) + 1e-9)))
+    text = f"{value:.{digits}f}" if step else f"{value:g}"
+    return text + ("%" if percent else "")
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+def load_run(run_dir: str | Path) -> Curves:
+    """An earlier run's curves, from its directory's events.jsonl (or the events file itself)."""
+    path = Path(run_dir).expanduser()
+    events_path = path if path.is_file() else path / runs.EVENTS
+    if not events_path.is_file():
+        raise UserError(f"{path}: no {runs.EVENTS} there; pick a run directory (`gputui runs` lists them)")
+    curves = Curves.from_events(runs.read_events(events_path))
+    return replace(curves, run_id=curves.run_id or events_path.parent.name, run_dir=str(events_path.parent))
+
+
+def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]:
+    """Write the run's curves as CSV, in the format of `gputui runs export RUN_ID --csv`, to
+    `out` (default: curves.csv in the run directory). Returns the path and the rows written."""
+    path = Path(run_dir).expanduser()
+    events_path = path / runs.EVENTS
+    if not events_path.is_file():
+        raise UserError(f"{path}: no {runs.EVENTS} there, nothing to export")
+    target = out if out is not None else path / CSV_NAME
+    rows = history.curves(runs.read_events(events_path))
+    try:
+        with open(target, "w", encoding="utf-8", newline="") as fh:
+            count = history.write_csv(rows, fh)
+    except OSError as exc:
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return target, count
+
+
+def read_csv(fh: TextIO) -> list[dict[str, Any]]:
+    """The rows of a curves CSV as events (numbers parsed, empty cells left out): fold them
+    with `Curves.extend` to get the curves back (no samples axis: the CSV has no batch size)."""
+    out: list[dict[str, Any]] = []
+    for row in csv.DictReader(fh):
+        event: dict[str, Any] = {"event": row.get("event")}
+        for key, text in row.items():
+            if key == "event" or not text:
+                continue
+            try:
+                number = float(text)
+            except ValueError:
+                continue
+            event[key] = int(number) if key in ("step", "epoch") and number.is_integer() else number
+        out.append(event)
+    return out

@@ -1,0 +1,304 @@
+"""The training curves panel: loss (left axis, log scale by default) and test accuracy (right
+axis, %) against step, epoch, samples or training time, drawn by textual-plotext.
+
+Cheap to feed, throttled to draw: setting `curves` (or `state`) only keeps the new value; a
+timer rebuilds the plot at most every REDRAW_S and only when something it shows changed (the
+data, the axis, the smoothing, the scale, the overlays, the size), so a run streaming a
+thousand events a second costs one plot build per tick. Smoothing is TensorBoard's debiased
+EMA: each series' raw curve is drawn faint under its smoothed one, which is bold. Earlier runs
+(`app.overlay_runs`, run directories) are laid over in muted colours, named in the legend.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.color import Color
+from textual.containers import Vertical
+from textual.events import Resize
+from textual.widgets import Static
+from textual_plotext import PlotextPlot
+
+from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, export_csv, linear_ticks,
+                           load_run, log_ticks, ticks, x_label, xy, y_label)
+from gputui.errors import GputuiError
+from gputui.model.text import clean
+
+REDRAW_S = 0.5  # at most two plot builds a second
+SMOOTHING = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+DEFAULT_SMOOTHING = 0.6  # TensorBoard's default
+COLOURS: dict[str, tuple[int, int, int]] = {"train_loss": (64, 156, 255), "epoch_loss": (176, 124, 255),
+                                            "test_loss": (255, 150, 40), "test_acc": (60, 200, 100)}
+OVERLAY_COLOURS: tuple[tuple[int, int, int], ...] = ((150, 150, 150), (176, 146, 112), (112, 150, 176),
+                                                     (164, 128, 164), (140, 166, 120), (176, 120, 120))
+MIN_SIZE = (30, 7)  # columns, rows: below this the panel says so rather than draw a plot of axes alone
+FAINT = 0.6  # how far a raw curve's colour goes toward the background
+
+
+def curves_of(state: Any) -> Curves:
+    """The curves in a TrainingState: its `curves` field, or else built from its (step, value)
+    points (then there is no test loss and no time axis)."""
+    curves = getattr(state, "curves", None)
+    if isinstance(curves, Curves):
+        return curves
+    return Curves.from_points(state.loss_points, state.acc_points, state.steps_per_epoch, state.batch_size,
+                              state.run_id, state.run_dir)
+
+
+def _data_of(state: Any) -> tuple[Any, ...]:
+    """What of a state the curves depend on, compared by identity (the state's tuples are new when they changed)."""
+    curves = getattr(state, "curves", None)
+    return (curves,) if curves is not None else (state.loss_points, state.acc_points, state.run_id)
+
+
+def _rgb(colour: tuple[int, int, int]) -> str:
+    return "rgb({},{},{})".format(*colour)
+
+
+class CurvePlot(PlotextPlot):
+    """The plot; its panel sets it up and refreshes it (it never rebuilds on its own)."""
+
+    DEFAULT_CSS = "CurvePlot { width: 1fr; height: 1fr; }"
+
+
+class CurvesPanel(Vertical):
+    DEFAULT_CSS = """
+    CurvesPanel { height: 1fr; }
+    CurvesPanel > #curves-legend { height: auto; max-height: 2; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None, interval: float = REDRAW_S) -> None:
+        super().__init__(id=id, classes=classes)
+        self.interval = interval
+        self.axis = "step"
+        self.weight = DEFAULT_SMOOTHING
+        self.log_scale = True
+        self.rebuilds = 0  # plot set-ups so far (the throttle's test counts them)
+        self.ticks = 0  # throttle checks so far
+        self.overlays: tuple[tuple[str, Curves], ...] = ()
+        self._curves = Curves()
+        self._changes = 0
+        self._pending: Any = None  # a state whose curves are built at the next redraw (only if drawn)
+        self._state_data: tuple[Any, ...] = ()
+        self._drawn: tuple[Any, ...] | None = None
+        self._overlay_key: tuple[str, ...] = ()
+        self._overlay_changes = 0
+        self._state: Any = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="curves-legend")
+        yield CurvePlot(id="curves-plot")
+
+    def on_mount(self) -> None:
+        self.set_interval(self.interval, self._tick, name="curves-redraw")
+        self.call_after_refresh(self._tick)
+
+    # data in: cheap -------------------------------------------------------------------------------
+    @property
+    def curves(self) -> Curves:
+        if self._pending is not None:
+            self._curves, self._pending = curves_of(self._pending), None
+        return self._curves
+
+    @curves.setter
+    def curves(self, curves: Curves) -> None:
+        self._pending = None
+        if curves is not self._curves:
+            self._curves = curves
+            self._changes += 1
+
+    @property
+    def state(self) -> Any:
+        return self._state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        """A TrainingState (what the training panel hands on): its curves are shown."""
+        self._state = state
+        data = _data_of(state)
+        if len(data) != len(self._state_data) or any(a is not b for a, b in zip(data, self._state_data)):
+            self._state_data = data
+            self._pending = state
+            self._changes += 1
+
+    @property
+    def run_dir(self) -> str | None:
+        return self.curves.run_dir or getattr(self._state, "run_dir", None)
+
+    # drawing: throttled ----------------------------------------------------------------------------
+    def _tick(self) -> None:
+        self.ticks += 1
+        self._check_overlays()
+        if self._key() != self._drawn:
+            self.redraw()
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._changes, self.axis, self.weight, self.log_scale, self._overlay_changes, self.size.width,
+                self.size.height)
+
+    def on_resize(self, _event: Resize) -> None:
+        self.call_after_refresh(self._tick)
+
+    def redraw(self) -> None:
+        """Set the plot up from the current data and settings (one plot build follows)."""
+        plot = self.query_one(CurvePlot)
+        self._drawn = self._key()
+        self.rebuilds += 1
+        plt = plot.plt
+        plt.clear_figure()
+        small = self.size.width < MIN_SIZE[0] or self.size.height < MIN_SIZE[1]
+        plot.display = not small
+        if small:  # axes and ticks would eat every cell: say so instead
+            self.query_one("#curves-legend", Static).update(Text("curves: too small here (a taller or wider "
+                                                                 "terminal shows them)", "dim"))
+            return
+        width, height = plot.size.width or self.size.width, plot.size.height or self.size.height - 2
+        background = Color.parse(self.app.theme_variables.get("surface", "#000000"))
+        lines: list[tuple[list[float], list[float], tuple[int, int, int], str, str | None]] = []
+        for index, (_run_id, other) in enumerate(self.overlays):
+            colour = OVERLAY_COLOURS[index % len(OVERLAY_COLOURS)]
+            for name in SERIES:
+                xs, ys = xy(other.series(name), self.axis, self.weight)
+                lines.append((xs, ys, colour, "right" if name == "test_acc" else "left", None))
+        shown: list[str] = []
+        for name in SERIES:
+            points = self.curves.series(name)
+            if not points:
+                continue
+            shown.append(name)
+            side = "right" if name == "test_acc" else "left"
+            colour = COLOURS[name]
+            xs, raw = xy(points, self.axis)
+            if self.weight > 0:
+                faint = Color(*colour).blend(background, FAINT).rgb
+                lines.append((xs, raw, faint, side, None))
+                lines.append((xs, xy(points, self.axis, self.weight)[1], colour, side, "bold"))
+            else:
+                lines.append((xs, raw, colour, side, "bold"))
+        left = [y for xs, ys, _c, side, _s in lines if side == "left" for y in ys]
+        right = [y for xs, ys, _c, side, _s in lines if side == "right" for y in ys]
+        xs_all = [x for xs, *_ in lines for x in xs]
+        log = self.log_scale and bool(left) and min(left) > 0
+        for xs, ys, colour, side, style in lines:
+            if xs:
+                if log and side == "left":  # plotted as log10 here: plotext's own log scale breaks on a second build
+                    ys = [math.log10(y) for y in ys]
+                plt.plot(xs, ys, color=colour, style=style, yside=side, marker="braille")
+        if xs_all:
+            lo, hi = min(xs_all), max(xs_all)
+            xt = ticks(self.axis, lo, hi, max(2, width // 10))
+            plt.xticks(xt, [x_label(self.axis, x) for x in xt])
+        y_count = max(2, height // 3)
+        if left:
+            lo, hi = min(left), max(left)
+            if log:
+                yt = log_ticks(lo, hi, y_count)
+                plt.yticks([math.log10(y) for y in yt], [y_label(y) for y in yt], yside="left")
+            else:
+                yt = linear_ticks(lo, hi, y_count)
+                step = yt[1] - yt[0] if len(yt) > 1 else None
+                plt.yticks(yt, [y_label(y, step) for y in yt], yside="left")
+            plt.ylabel("loss (log)" if log else "loss", yside="left")
+        if right:
+            yt = linear_ticks(min(right), max(right), y_count)
+            step = yt[1] - yt[0] if len(yt) > 1 else None
+            plt.yticks(yt, [y_label(y, step, percent=True) for y in yt], yside="right")
+            plt.ylabel("test acc (%)", yside="right")
+        plt.xlabel(X_LABELS[self.axis])
+        self.query_one("#curves-legend", Static).update(self._legend(shown, bool(xs_all)))
+        plot.refresh()
+
+    def _legend(self, shown: Sequence[str], any_points: bool) -> Text:
+        text = Text(no_wrap=False)
+        if not shown and not self.overlays:
+            text.append("no curves yet", "dim")
+        for name in shown:
+            text.append("━ ", _rgb(COLOURS[name]))
+            text.append(SERIES_LABELS[name] + "  ")
+        if shown and not any_points:
+            text.append(f"(none has a {X_LABELS[self.axis]})  ", "dim")
+        text.append(f"smoothing {self.weight:g}", "dim")  # the axes' labels say the x axis and the log scale
+        for index, (run_id, _other) in enumerate(self.overlays):
+            text.append("  ━ ", _rgb(OVERLAY_COLOURS[index % len(OVERLAY_COLOURS)]))
+            text.append(clean(run_id, 40))
+        return text
+
+    # overlays ----------------------------------------------------------------------------------------
+    def _check_overlays(self) -> None:
+        wanted = tuple(str(p) for p in (getattr(self.app, "overlay_runs", None) or ()))
+        if wanted == self._overlay_key:
+            return
+        self._overlay_key = wanted
+        if not wanted:
+            self._set_overlays(wanted, (), [])
+            return
+        self.run_worker(lambda: self._load_overlays(wanted), name="curves-overlays", group="curves-overlays",
+                        thread=True, exclusive=True, exit_on_error=False)
+
+    def _load_overlays(self, wanted: tuple[str, ...]) -> None:
+        """Worker: read the earlier runs' events files."""
+        loaded, errors = [], []
+        for path in wanted:
+            try:
+                curves = load_run(path)
+            except (GputuiError, OSError) as exc:
+                errors.append(str(exc))
+                continue
+            loaded.append((curves.run_id or Path(path).name, curves))
+        self.app.call_from_thread(self._set_overlays, wanted, tuple(loaded), errors)
+
+    def _set_overlays(self, wanted: tuple[str, ...], loaded: tuple[tuple[str, Curves], ...], errors: list[str]) -> None:
+        if wanted != self._overlay_key:
+            return  # a newer choice is loading
+        self.overlays = loaded
+        self._overlay_changes += 1
+        for error in errors:
+            self._say(f"overlay: {error}", "warning")
+        self._tick()
+
+    # the keys' actions -------------------------------------------------------------------------------
+    def cycle_axis(self) -> str:
+        self.axis = X_AXES[(X_AXES.index(self.axis) + 1) % len(X_AXES)]
+        self._tick()
+        return self.axis
+
+    def smoothing(self, direction: int) -> float:
+        """One notch more (1) or less (-1) smoothing."""
+        index = min(range(len(SMOOTHING)), key=lambda i: abs(SMOOTHING[i] - self.weight))
+        self.weight = SMOOTHING[max(0, min(len(SMOOTHING) - 1, index + direction))]
+        self._tick()
+        return self.weight
+
+    def toggle_log(self) -> bool:
+        self.log_scale = not self.log_scale
+        self._tick()
+        return self.log_scale
+
+    def export(self) -> None:
+        """Write the run's curves to curves.csv in its run directory (in a worker), and say where."""
+        run_dir = self.run_dir
+        if not run_dir:
+            self._say("no run to export yet: start or attach one first", "warning")
+            return
+
+        def work() -> None:
+            try:
+                path, rows = export_csv(run_dir)
+            except GputuiError as exc:
+                self.app.call_from_thread(self._say, f"export: {exc}", "error")
+                return
+            self.app.call_from_thread(self._say, f"curves: {rows} rows written to {path}", "information")
+
+        self.run_worker(work, name="curves-export", group="curves-export", thread=True, exclusive=True,
+                        exit_on_error=False)
+
+    def _say(self, text: str, severity: str) -> None:
+        say = getattr(self.app, "say", None)
+        if callable(say):
+            say(text, severity, notify=True)
+        else:
+            self.app.notify(clean(text), severity=severity, markup=False)  # type: ignore[arg-type]
