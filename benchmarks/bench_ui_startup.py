@@ -8,6 +8,10 @@
    GPUTUI_DEMO_GPUS=8), refreshing every second, no training: user+system CPU time of
    the dashboard process (psutil cpu_times) over 30 s after a 5 s warm-up, as a
    percentage of one core.
+3. torch never loaded: the dashboard process's memory map (/proc/PID/maps, psutil) holds no
+   file of torch's, checked after its first frame and at the end of the idle window.
+   (benchmarks/bench_dashboard_cpu.py measures idle CPU in tmux too, and CPU with a run
+   streaming 1,000 events/s.)
 
     python benchmarks/bench_ui_startup.py [--runs 5] [--idle-seconds 30]
 """
@@ -70,6 +74,17 @@ def base_env(home: str) -> dict[str, str]:
     return env
 
 
+def torch_mapped(pid: int) -> list[str]:
+    """torch's files in the process's memory map (there once torch is imported)."""
+    try:
+        return sorted({m.path for m in psutil.Process(pid).memory_maps() if "/torch/" in m.path or "libtorch" in m.path})
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        return ["(cannot read the memory map)"]
+
+
+TORCH_SEEN: list[str] = []  # torch files found in any dashboard process measured
+
+
 def first_frame(home: str) -> float:
     stamp = Path(home) / "first-frame"
     stamp.unlink(missing_ok=True)
@@ -83,6 +98,7 @@ def first_frame(home: str) -> float:
             raise RuntimeError("the dashboard drew no frame")
         time.sleep(0.005)
     seconds = float(stamp.read_text()) - started
+    TORCH_SEEN.extend(torch_mapped(proc.pid))
     stop_dashboard(proc, master)
     return seconds
 
@@ -102,6 +118,7 @@ def idle_cpu(home: str, seconds: float) -> float:
         before, t0 = me.cpu_times(), time.monotonic()
         time.sleep(seconds)
         after, t1 = me.cpu_times(), time.monotonic()
+        TORCH_SEEN.extend(torch_mapped(proc.pid))
     finally:
         stop_dashboard(proc, master)
     used = (after.user - before.user) + (after.system - before.system)
@@ -124,7 +141,9 @@ def main() -> int:
         cpu = idle_cpu(home, args.idle_seconds)
         print(f"idle CPU, 4 sim hosts x 8 GPUs at 1 s: {cpu:.2f}% of one core over {args.idle_seconds:g} s; "
               f"budget {IDLE_BUDGET_PCT:.0f}% (ratio {cpu / IDLE_BUDGET_PCT:.2f})")
-    return 0
+        print("torch in the dashboard process: " + (", ".join(sorted(set(TORCH_SEEN))) if TORCH_SEEN else
+                                                    "never loaded (memory map checked after each first frame and idle)"))
+    return 1 if TORCH_SEEN else 0
 
 
 if __name__ == "__main__":
