@@ -93,6 +93,8 @@ def renew(ctx: "CloudContext") -> list[str]:
     ids = [r.instance_id for r in ctx.ledger.instances(p.name, p.region, cluster=ctx.cluster, running=True)]
     if not ids:
         return []
+    if not callable(getattr(p, "set_tags", None)):
+        return []  # a provider that cannot tag (a test's stand-in) has no lease to renew
     tags = lease_tags(ctx, ctx.clock())
     provider: Taggable = p  # type: ignore[assignment]
     try:
@@ -126,10 +128,13 @@ class LeaseRenewer:
                 return []
             try:
                 ids = renew(self.ctx)
-            except GputuiError as exc:
+            except Exception as exc:  # noqa: BLE001 - a thread's failure is said, never raised into a UI
                 if not self.failing:
-                    self.ctx.record([self.ctx.event("error", f"lease renewal failed: {exc} (still trying every "
-                                                             f"{self.interval_s:g} s)")])
+                    try:
+                        self.ctx.record([self.ctx.event("error", f"lease renewal failed: {exc or type(exc).__name__} "
+                                                                 f"(still trying every {self.interval_s:g} s)")])
+                    except Exception:  # noqa: BLE001 - the ledger itself may be what fails
+                        pass
                 self.failing = True
                 return []
             self.failing = False
