@@ -1,8 +1,8 @@
 """Who may reach the slaves' port 22 (`ssh_cidr`): one /32 or /128 by default.
 
-Where it comes from, first found wins: `gputui cloud up --ssh-cidr`, the environment
-(`GPUTUI_SSH_CIDR`), the profile's `[cloud] ssh_cidr`, then this machine's public address
-as an echo service sees it. The simulated cloud never asks the network: its slaves are
+Where it comes from, first found wins: `gputui cloud up --ssh-cidr`, the profile's
+`[cloud] ssh_cidr`, the environment (`GPUTUI_SSH_CIDR`, for profiles that leave it out,
+such as the shipped one), then this machine's public address as an echo service sees it. The simulated cloud never asks the network: its slaves are
 on this machine.
 """
 
@@ -48,12 +48,13 @@ def check_cidr(value: str, what: str) -> str:
 
 
 def ssh_cidr(configured: str | None, where: str, resolver: Resolver = lookup_public_ip) -> str:
-    """GPUTUI_SSH_CIDR, else the configured CIDR, else this machine's public address as a single-host network."""
+    """The configured CIDR (the flag or the profile), else GPUTUI_SSH_CIDR, else this machine's
+    public address as a single-host network."""
+    if configured:
+        return configured
     env = os.environ.get(ENV, "").strip()
     if env:
         return check_cidr(env, ENV)
-    if configured:
-        return configured
     try:
         address = ipaddress.ip_address(resolver())
     except (OSError, ValueError) as exc:

@@ -30,8 +30,8 @@ def register(subparsers: Any) -> None:
 
     up = sub.add_parser("up", parents=[common, yes], help="launch spot slaves (shows the price and asks first)")
     up.add_argument("--count", type=int, help="how many (default: [cloud] count)")
-    up.add_argument("--ssh-cidr", metavar="CIDR", help="who may reach the slaves' port 22, e.g. 203.0.113.7/32 (or "
-                    "GPUTUI_SSH_CIDR; default: the profile's ssh_cidr, else this machine's public address)")
+    up.add_argument("--ssh-cidr", metavar="CIDR", help="who may reach the slaves' port 22, e.g. 203.0.113.7/32 "
+                    "(default: the profile's ssh_cidr, else GPUTUI_SSH_CIDR, else this machine's public address)")
     up.add_argument("--no-guard", action="store_true", help="do not start the background budget guard")
     up.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S, metavar="S",
                     help=f"seconds between the guard's polls (default {DEFAULT_GUARD_INTERVAL_S:g})")
@@ -109,14 +109,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from gputui.commands import cloud_view as view
     from gputui.errors import GputuiError, UserError
 
-    import os
+    from dataclasses import replace
 
-    from gputui.cloud.address import ENV, check_cidr, resolver_for
+    from gputui.cloud.address import check_cidr, resolver_for
     from gputui.cloud.leaks import down_command
 
-    if args.ssh_cidr is not None:  # the flag wins over GPUTUI_SSH_CIDR and the profile, for this command
-        os.environ[ENV] = check_cidr(args.ssh_cidr, "--ssh-cidr")
+    cidr = check_cidr(args.ssh_cidr, "--ssh-cidr") if args.ssh_cidr is not None else None
     ctx = context(args)
+    if cidr is not None:  # the flag wins over the profile and GPUTUI_SSH_CIDR
+        ctx.settings = replace(ctx.settings, ssh_cidr=cidr)
     with ctx.ledger:
         s = ctx.settings
         count = args.count if args.count is not None else s.count
@@ -231,7 +232,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             return 0
         view.fleet_table(entries, now, ctx.settings.region,
                          sweep=cloud_command("sweep", ctx.provider.name, profile=ctx.settings.source,
-                                             region=ctx.provider.region))
+                                             region=ctx.provider.region, extra=("--yes",)))
     return 0
 
 
