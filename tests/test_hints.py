@@ -25,7 +25,7 @@ from gputui.cloud.settings import load_cloud_settings
 from gputui.cloud.sim import SimProvider
 
 from .conftest import cli_env, run_cli
-from .moto_fixture import public_key_line
+from .moto_fixture import Aws, aws, moto_server, public_key_line  # noqa: F401 - fixtures
 
 
 def write_profile(path: Path, region: str = "us-east-1", extra: str = "") -> Path:
@@ -207,3 +207,26 @@ def test_ssh_cidr_by_flag_or_environment(sim: None, tmp_path: Path, gputui_home:
                   "--ssh-cidr", "203.0.113.7/24", timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "--ssh-cidr '203.0.113.7/24': expected a network in CIDR form" in bad.stderr
+
+
+def test_a_real_clouds_ssh_cidr_by_flag_or_environment_and_the_error_says_so(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gputui.cli import main
+
+    aws.write_profile(ssh_cidr=None)  # the shipped profile leaves it out too; the lookup URL is closed
+    assert main(["cloud", "up", "--profile", str(aws.profile), "--yes", "--no-guard"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "--ssh-cidr 203.0.113.7/32" in err and "GPUTUI_SSH_CIDR=203.0.113.7/32" in err, err
+
+    def rule() -> list[str]:
+        group = aws.ec2().describe_security_groups(Filters=[{"Name": "group-name", "Values": ["gputui-cluster"]}])
+        return [r["CidrIp"] for p in group["SecurityGroups"][0]["IpPermissions"] if p["IpProtocol"] == "tcp"
+                for r in p["IpRanges"]]
+
+    assert main(["cloud", "up", "--profile", str(aws.profile), "--yes", "--no-guard", "--ssh-cidr", "203.0.113.16/28"]) == 0
+    assert rule() == ["203.0.113.16/28"]
+    monkeypatch.setenv("GPUTUI_SSH_CIDR", "198.51.100.9/32")
+    assert main(["cloud", "up", "--profile", str(aws.profile), "--yes", "--no-guard"]) == 0
+    assert rule() == ["198.51.100.9/32"]
