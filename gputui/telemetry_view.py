@@ -11,7 +11,8 @@ its widest value, and when they do not all fit, whole columns drop, in this fixe
  1. Throttle        2. Procs       3. SM/Mem (clocks)   4. P (performance state)
  5. Fan             6. Poll
  7. Host, State, CPU and RAM leave their columns for a host line: a row of its own above
-    the host's GPUs, "vm  ok  CPU 10%  RAM 1.1/126 GiB  poll 150 ms", that wraps at spaces
+    the host's GPUs, "vm  ok  CPU 10%  RAM 1.1/126 GiB  poll 150 ms", on more lines where
+    narrow (never between a label and its value, or a number and its unit)
  8. MemBW           9. Temp       10. Util
 GPU, Name / reason, Memory and Power never drop. A host's reason (unreachable, failed, no
 driver) is in the Name / reason column, which takes the width the others leave and wraps
@@ -97,17 +98,25 @@ def _host_cells(host: HostSnapshot) -> dict[str, Text]:
 
 
 def _host_line(host: HostSnapshot, width: int | None) -> Text:
-    """Everything about the host above its GPUs: name, state and poll time, then CPU and RAM;
-    on one line where `width` cells hold it, else two (the name's line wraps at spaces)."""
+    """Everything about the host above its GPUs: name and state, CPU, RAM and poll time, packed
+    into lines of `width` cells; a label stays on the line of its value ("RAM 3.2/15 GiB").
+    Without a width, one piece a line (what the column must hold)."""
     state = Text(host.state.value, style=STATE_STYLE.get(host.state, "bold red"))
-    first = Text.assemble(safe(host.name, "bold", width=HOST_W), "  ", state)
+    pieces = [Text.assemble(safe(host.name, "bold", width=HOST_W), "  ", state)]
+    if host.cpu_pct is not None or host.mem_total_mib is not None:
+        pieces.append(Text.assemble("CPU ", _num(units.pct, host.cpu_pct)))
+        pieces.append(Text.assemble("RAM ", _num(units.mem, host.mem_used_mib, host.mem_total_mib)))
     if host.duration_s is not None:
-        first.append(f"  poll {_poll(host)}", style="dim")
-    if host.cpu_pct is None and host.mem_total_mib is None:
-        return first
-    second = Text.assemble("CPU ", _num(units.pct, host.cpu_pct), "  RAM ", _num(units.mem, host.mem_used_mib, host.mem_total_mib))
-    one = Text.assemble(first, "  ", second)
-    return one if width is not None and one.cell_len <= width else Text("\n").join([first, second])
+        pieces.append(Text(f"poll {_poll(host)}", style="dim"))
+    if width is None:
+        return Text("\n").join(pieces)
+    lines = [pieces[0]]
+    for piece in pieces[1:]:
+        if lines[-1].cell_len + 2 + piece.cell_len <= width:
+            lines[-1] = Text.assemble(lines[-1], "  ", piece)
+        else:
+            lines.append(piece)
+    return Text("\n").join(lines)
 
 
 def _reason(host: HostSnapshot) -> Text:
@@ -173,7 +182,7 @@ def _needed(col: _Col, rows: list[dict[str, Text]]) -> int:
         if cell is None:
             continue
         if col.key == "name" and not cell.no_wrap:  # a reason or a host line: wraps at spaces
-            first, *more = cell.plain.split("\n")  # a host line's second line (CPU, RAM) stays whole
+            first, *more = cell.plain.split("\n")  # a host line's CPU, RAM and poll stay whole
             widths.extend([min(cell_len(first), REASON_MIN_W), *map(cell_len, more)])
         else:
             widths.append(cell.cell_len)
