@@ -50,7 +50,11 @@ class Point:
     value: float
 
     def x(self, axis: str) -> float | None:
-        return {"step": self.step, "epoch": self.epoch, "samples": self.samples, "time": self.time_s}[axis]
+        value: float | None = getattr(self, _FIELD[axis])
+        return value
+
+
+_FIELD = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "time_s"}
 
 
 def _capped(points: tuple[Point, ...], point: Point) -> tuple[Point, ...]:
@@ -176,10 +180,40 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
 
 def xy(points: Sequence[Point], axis: str, weight: float = 0.0) -> tuple[list[float], list[float]]:
     """The points that have a value on `axis`, as (xs, ys), the ys smoothed with `weight`."""
-    kept = [(x, p.value) for p in points if (x := p.x(axis)) is not None]
+    field_name = _FIELD[axis]
+    kept = [(x, p.value) for p in points if (x := getattr(p, field_name)) is not None]
     xs = [float(x) for x, _ in kept]
     ys = [v for _, v in kept]
     return xs, (ema(ys, weight) if weight > 0 else ys)
+
+
+def thin(xs: Sequence[float], ys: Sequence[float], buckets: int) -> tuple[list[float], list[float]]:
+    """At most two points per bucket of equal x width (its lowest and its highest, in order): what
+    a plot `buckets` dots wide can show of the curve, its noise band included, at a fraction of
+    the points. A series that fits is returned as it is."""
+    if len(xs) <= 2 * buckets or buckets < 1:
+        return list(xs), list(ys)
+    lo, hi = xs[0], xs[-1]
+    scale = buckets / ((hi - lo) or 1.0)
+    keys = [min(buckets - 1, int((x - lo) * scale)) for x in xs]
+    out_x: list[float] = []
+    out_y: list[float] = []
+    start, n = 0, len(xs)
+    while start < n:
+        key, end = keys[start], start + 1
+        while end < n and keys[end] == key:
+            end += 1
+        if end - start <= 2:
+            picked: Sequence[int] = range(start, end)
+        else:
+            chunk = ys[start:end]
+            low, high = start + chunk.index(min(chunk)), start + chunk.index(max(chunk))
+            picked = (low, high) if low < high else (high, low) if high < low else (low,)
+        for i in picked:
+            out_x.append(xs[i])
+            out_y.append(ys[i])
+        start = end
+    return out_x, out_y
 
 
 # -- ticks -----------------------------------------------------------------------------------------
