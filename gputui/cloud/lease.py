@@ -109,7 +109,7 @@ def renew(ctx: "CloudContext") -> list[str]:
 class LeaseRenewer:
     """A thread renewing the cluster's leases every `[cloud] renew_minutes` until `stop()`.
 
-    Failures (the network, expired credentials) are said once as an `error` event, and
+    Failures (the network, expired credentials) are said once as a `lease_error` event, and
     renewing goes on: the lease has room for several missed renewals.
     """
 
@@ -131,7 +131,7 @@ class LeaseRenewer:
             except Exception as exc:  # noqa: BLE001 - a thread's failure is said, never raised into a UI
                 if not self.failing:
                     try:
-                        self.ctx.record([self.ctx.event("error", f"lease renewal failed: {exc or type(exc).__name__} "
+                        self.ctx.record([self.ctx.event("lease_error", f"lease renewal failed: {exc or type(exc).__name__} "
                                                                  f"(still trying every {self.interval_s:g} s)")])
                     except Exception:  # noqa: BLE001 - the ledger itself may be what fails
                         pass
