@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol
 
+from gputui import units
 from gputui.events import typed
 from gputui.model.text import clean
 from gputui.runs import encode
@@ -99,7 +100,7 @@ class ProgressView:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}", markup=False),
             TextColumn("acc {task.fields[acc]}", markup=False),
-            TextColumn("{task.fields[rate]} samples/s", markup=False),
+            TextColumn("samples {task.fields[rate]}", markup=False),
             TimeRemainingColumn(),
             console=self.console,
             transient=False,
@@ -137,7 +138,7 @@ class ProgressView:
                 completed=_int(event.get("step")),
                 description=f"epoch {_num(event.get('epoch'), 'd')}/{self.epochs}",
                 loss=_num(event.get("loss"), ".4f"),
-                rate=_num(event.get("samples_per_s"), ",.0f"),
+                rate=units.rate(event.get("samples_per_s")),  # "140k/s"; n/a for what is not a number
             )
         elif kind in ("eval", "epoch"):
             self.progress.update(self.task, completed=_int(event.get("step")), acc=_fmt_acc(event.get("test_acc")))

@@ -109,3 +109,18 @@ def test_every_function_reads_none_and_nan_as_na(name: str) -> None:
     arity = 2 if name in ("mem", "power") else 1
     assert func(*[None] * arity) == NA == "n/a"
     assert func(*[math.nan] * arity) == NA
+
+
+def test_run_progress_shows_samples_per_second_in_units(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gputui run`'s progress line: "samples 140k/s", not "140,000 samples/s" or "1419/s"."""
+    from gputui.console import ProgressView
+
+    monkeypatch.setenv("COLUMNS", "200")
+    view = ProgressView()
+    view.show({"event": "start", "run_id": "r", "model": "fast", "device": "cuda", "strategy": "single",
+               "world_size": 1, "epochs": 2, "total_steps": 936})
+    view.show({"event": "step", "epoch": 1, "step": 468, "loss": 0.25, "samples_per_s": 140_000.0, "elapsed_s": 1.0})
+    view.close()
+    err = capsys.readouterr().err
+    assert "samples 140k/s" in err, err

@@ -291,7 +291,8 @@ class _View:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+            tty = sys.stdout.isatty()  # off a terminal an alert line is one line, however long
+            self._console = Console(highlight=False, width=None if tty else PIPE_WIDTH, soft_wrap=not tty)
         return self._console
 
     def close(self) -> None:
