@@ -19,6 +19,9 @@ from urllib.parse import urlsplit
 DEFAULT_HOST = "127.0.0.1"
 PUBLIC_HOST = "0.0.0.0"
 DEFAULT_PORT = 8000
+# A tab's dashboard that quits while a run it started is going stops the run first (a checkpoint
+# within the supervisor's grace, 30 s more at most): the server waits that long for it.
+QUIT_BOUND_S = 90.0
 TUNNEL_HINT = "ssh -L {port}:127.0.0.1:{port} HOST, then `gputui serve` on HOST and open http://127.0.0.1:{port}"
 
 
@@ -155,31 +158,56 @@ async def serve(server: Any, host: str, port: int, public: bool) -> int:
     logging.basicConfig(level=logging.WARNING, format="gputui serve: %(message)s")
     runner = web.AppRunner(await server._make_app(), handle_signals=False)
     await runner.setup()
+    site = web.TCPSite(runner, host, port)
     try:
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            hint = "; pick another with --port (0: any free one)" if exc.errno == 98 else ""
-            raise GputuiError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
-        bound = runner.addresses[0][1] if runner.addresses else port
-        shown = "127.0.0.1" if host == PUBLIC_HOST else host
-        print(f"gputui: serving the dashboard on {url_of(shown, bound)} (one dashboard per browser tab; Ctrl-C stops)",
-              flush=True)
-        if public:
-            print(f"gputui: warning: listening on {host}:{bound}, not loopback: whoever reaches this port controls "
-                  "the dashboard (starts and stops runs, launches and terminates paid instances) with no password; "
-                  "prefer the default and an SSH tunnel: " + TUNNEL_HINT.format(port=bound), file=sys.stderr,
-                  flush=True)
-        else:
-            print("gputui: this machine only; from another one: " + TUNNEL_HINT.format(port=bound), flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        print("gputui: stopping: closing the browser sessions (each dashboard quits)", file=sys.stderr, flush=True)
-    finally:
+        await site.start()
+    except OSError as exc:
         await runner.cleanup()
+        reason = exc.strerror or str(exc)
+        hint = "; pick another with --port (0: any free one)" if exc.errno == 98 else ""
+        raise GputuiError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+    bound = runner.addresses[0][1] if runner.addresses else port
+    shown = "127.0.0.1" if host == PUBLIC_HOST else host
+    print(f"gputui: serving the dashboard on {url_of(shown, bound)} (one dashboard per browser tab; Ctrl-C stops)",
+          flush=True)
+    if public:
+        print(f"gputui: warning: listening on {host}:{bound}, not loopback: whoever reaches this port controls "
+              "the dashboard (starts and stops runs, launches and terminates paid instances) with no password; "
+              "prefer the default and an SSH tunnel: " + TUNNEL_HINT.format(port=bound), file=sys.stderr, flush=True)
+    else:
+        print("gputui: this machine only; from another one: " + TUNNEL_HINT.format(port=bound), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    stop.clear()
+    print(f"gputui: stopping: each browser session's dashboard quits (up to {QUIT_BOUND_S:.0f} s; Ctrl-C again: "
+          "at once)", file=sys.stderr, flush=True)
+    await close_sessions(runner, stop)
     return 0
+
+
+async def close_sessions(runner: Any, again: Any) -> None:
+    """Close the server: each tab's dashboard is asked to quit. One that has not quit within
+    QUIT_BOUND_S (or at a second Ctrl-C) is killed; runs it followed go on (their own session)."""
+    import asyncio
+
+    import psutil
+
+    cleanup = asyncio.ensure_future(runner.cleanup())
+    interrupt = asyncio.ensure_future(again.wait())
+    done, _ = await asyncio.wait({cleanup, interrupt}, timeout=QUIT_BOUND_S, return_when=asyncio.FIRST_COMPLETED)
+    interrupt.cancel()
+    if cleanup in done:
+        return
+    left = [p for p in psutil.Process().children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if left:
+        print(f"gputui: {len(left)} dashboard(s) had not quit: killed (SIGKILL); a run they followed goes on "
+              "(`gputui runs` lists it; a dashboard's `a` attaches to it)", file=sys.stderr, flush=True)
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    await cleanup
