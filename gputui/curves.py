@@ -13,7 +13,7 @@ its resume are not counted, so runs compare fairly).
 
 `Curves.fold` is cheap (one tuple append per event) so a fast run's events fold as they
 come; drawing is the widget's business (gputui.ui.curves, throttled). Everything read from
-a file is data: numbers go through `gputui.events.typed`.
+a file is data: a number counts only if it is a finite int or float (not text, not a bool).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TextIO
 
-from gputui import history, runs, units
+from gputui import runs, units
 from gputui.errors import UserError
-from gputui.events import typed
 
 X_AXES = ("step", "epoch", "samples", "time")
 X_LABELS = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "training time"}
@@ -66,7 +65,14 @@ def _capped(points: tuple[Point, ...], point: Point) -> tuple[Point, ...]:
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number as a float, else None (text, NaN, a bool: an event file is data)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,7 @@ class Curves:
         return not any(self.series(name) for name in SERIES)
 
     def _point(self, event: Mapping[str, Any], value: float) -> Point:
-        step = event.get("step")
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        step = _int(event.get("step"))
         epoch = _num(event.get("epoch"))
         if step is not None and self.steps_per_epoch:
             epoch = step / self.steps_per_epoch
@@ -102,10 +107,9 @@ class Curves:
 
     def fold(self, event: Mapping[str, Any]) -> "Curves":
         """These curves after one event of a run (events that carry no curve change nothing)."""
-        event = typed(event)
-        kind = event.get("event")
+        kind = event.get("event")  # each value is checked where it is used (no `typed` copy: this runs per event)
         if kind == "start":
-            resumed = event.get("resumed_from_step")
+            resumed = _int(event.get("resumed_from_step"))
             run_id = event.get("run_id")
             base = self
             if resumed is None or (run_id is not None and self.run_id is not None and run_id != self.run_id):
@@ -113,11 +117,11 @@ class Curves:
             else:  # a resume repeats the steps after its checkpoint: drop those the killed run had gone past
                 cut = {name: tuple(p for p in base.series(name) if p.step is None or p.step <= resumed) for name in SERIES}
                 base = replace(base, **cut)
-            spe, batch = event.get("steps_per_epoch"), event.get("batch_size")
+            spe, batch = _int(event.get("steps_per_epoch")), _int(event.get("batch_size"))
             return replace(base, run_id=run_id if isinstance(run_id, str) else base.run_id,
                            run_dir=event.get("run_dir") if isinstance(event.get("run_dir"), str) else base.run_dir,
-                           steps_per_epoch=spe if isinstance(spe, int) and spe > 0 else base.steps_per_epoch,
-                           batch_size=batch if isinstance(batch, int) and batch > 0 else base.batch_size,
+                           steps_per_epoch=spe if spe and spe > 0 else base.steps_per_epoch,
+                           batch_size=batch if batch and batch > 0 else base.batch_size,
                            version=self.version + 1)
         added: dict[str, tuple[Point, ...]] = {}
         if kind == "step":
@@ -129,12 +133,19 @@ class Curves:
             added = self._add(added, "test_acc", event, event.get("test_acc"))
         if not added:
             return self
-        return replace(self, **added, version=self.version + 1)
+        return self._with(added)
+
+    def _with(self, changes: dict[str, tuple[Point, ...]]) -> "Curves":
+        """A copy with new series and the next version, without dataclasses.replace (its
+        field-by-field rebuild is most of a fold's cost)."""
+        new = object.__new__(Curves)
+        new.__dict__.update(self.__dict__, **changes, version=self.version + 1)
+        return new
 
     def _add(self, added: dict[str, tuple[Point, ...]], name: str, event: Mapping[str, Any],
              value: Any) -> dict[str, tuple[Point, ...]]:
         v = _num(value)
-        if v is None or not math.isfinite(v):
+        if v is None:
             return added
         return {**added, name: _capped(self.series(name), self._point(event, v))}
 
@@ -311,6 +322,8 @@ def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]
     events_path = path / runs.EVENTS
     if not events_path.is_file():
         raise UserError(f"{path}: no {runs.EVENTS} there, nothing to export")
+    from gputui import history  # the format of `gputui runs export`
+
     target = out if out is not None else path / CSV_NAME
     rows = history.curves(runs.read_events(events_path))
     try:

@@ -131,7 +131,8 @@ def test_a_resume_drops_the_steps_past_its_checkpoint_and_another_run_starts_afr
 def test_events_without_curves_change_nothing() -> None:
     curves = Curves.from_events(synthetic(10, 10))
     for event in ({"event": "warning", "message": "x"}, {"event": "step", "step": 11, "loss": "nan"},
-                  {"event": "step", "step": 12, "loss": math.inf}, {"event": "done", "step": 10}):
+                  {"event": "step", "step": 12, "loss": math.inf}, {"event": "step", "step": 13, "loss": True},
+                  {"event": "eval", "step": 14, "test_acc": "99"}, {"event": "done", "step": 10}):
         assert curves.fold(event) is curves
 
 
