@@ -1,0 +1,58 @@
+"""The JSON lines between the sweep master and a worker (`gputui worker`), one object a line.
+
+master -> worker (stdin):
+  {"op": "trial", "trial": N, "attempt": A, "profile": TOML, "run_dir": PATH, "resume": bool}
+      train one trial: `profile` is a resolved run profile ([run] table, as profile.toml);
+      `resume` continues from the checkpoint in run_dir (a retried trial whose checkpoint is there)
+  {"op": "stop", "trial": N, "reason": "pruned"}
+      end trial N at its next step (a stop for another trial is ignored: it came too late)
+  {"op": "exit"}, or the end of stdin: finish at once (a running trial is stopped)
+
+worker -> master (stdout):
+  {"op": "ready", "pid": P, "device": D, "torch": V, "threads": T, "load_s": S}
+  {"op": "event", "trial": N, "data": EVENT, "eval": K}
+      a run event (gputui.events) of trial N; eval/epoch events carry K, the 1-based index of
+      the evaluation within the trial (the step the pruner compares trials at)
+  {"op": "result", "trial": N, "outcome": "done"|"stopped"|"error", "test_acc": .., "best_acc": ..,
+   "elapsed_s": .., "reason": .., "error": MESSAGE, "idle_ms": ..}
+      (the start event of a trial also carries "startup_ms": from its trial message to that event)
+  {"op": "fatal", "error": MESSAGE}   the worker cannot start (no torch, bad data): it exits next
+
+A worker reads its messages as data: numbers are checked, unknown ops are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_LINE = 1 << 20  # a trial message carries a profile: far below this
+
+
+def encode(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"), allow_nan=False)
+
+
+def decode(line: str) -> dict[str, Any] | None:
+    """A message, or None for a line that is not one (noise on a pipe, a torn line)."""
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        value = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("op"), str):
+        return None
+    return value
+
+
+def number(value: Any) -> float | None:
+    """A finite number from a message, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

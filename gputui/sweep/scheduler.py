@@ -1,0 +1,479 @@
+"""The sweep master's loop: trials from the study to idle workers, events back to the pruner.
+
+One thread reads each worker's stdout into one queue; everything else (the study, the slots,
+the counts) belongs to the loop, so nothing is shared between threads but that queue.
+
+Faults: a worker that dies gives its trial back (the retry prefers another slot, and continues
+from the trial's checkpoint when one is there); a trial that fails twice (a death or an error
+each time) is told FAIL with its error. A trial whose loss is not finite fails at once (it would
+again). The study is told exactly once per trial, so none is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from gputui.errors import GputuiError
+from gputui.sweep import protocol, study as studies
+from gputui.sweep.slots import Slot, WorkerGone, WorkerHandle
+from gputui.sweep.space import SweepSpec, suggest
+
+MAX_ATTEMPTS = 2  # a trial that fails this many times is failed
+MAX_RESPAWNS = 3  # a slot whose worker dies this many times is given up
+PRIOR_TRIAL_S = 60.0  # the budget's guess of a trial's length before one has finished
+
+
+@dataclass
+class Trial:
+    """A trial the master holds: running on a worker, or waiting for one (a retry)."""
+
+    number: int
+    handle: Any  # the optuna Trial (ask-and-tell)
+    params: dict[str, Any]
+    profile: str  # the resolved run profile (TOML) the worker trains
+    attempt: int = 1
+    avoid: str | None = None  # the slot it last failed on
+    errors: list[str] = field(default_factory=list)
+    stopping: str | None = None  # "pruned" or "target" once a stop was sent
+    reached_s: float | None = None  # min time_to_accuracy: training seconds at the target
+    started: float = 0.0
+
+
+@dataclass
+class Worker:
+    wid: int
+    slot: Slot
+    handle: WorkerHandle
+    spawned: float
+    ready: bool = False
+    busy: Trial | None = None
+    fatal: str | None = None
+    free_since: float | None = None  # when its last trial's result came (for the turnaround)
+
+
+@dataclass
+class Progress:
+    """What the progress line shows."""
+
+    name: str
+    trials: int
+    done: int = 0
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+    running: int = 0
+    best: float | None = None
+    best_trial: int | None = None
+    spent_usd: float = 0.0
+    note: str = ""
+
+
+class Spend:
+    """The slots' spend so far and the budget's rule for a new trial."""
+
+    def __init__(self, budget_usd: float | None, clock: Callable[[], float]) -> None:
+        self.budget = budget_usd
+        self.clock = clock
+        self.held: dict[int, tuple[float, float, float | None]] = {}  # wid -> (rate, since, until)
+        self.trial_s: list[float] = []
+
+    def hold(self, wid: int, rate: float) -> None:
+        self.held[wid] = (rate, self.clock(), None)
+
+    def release(self, wid: int) -> None:
+        if wid in self.held and self.held[wid][2] is None:
+            rate, since, _ = self.held[wid]
+            self.held[wid] = (rate, since, self.clock())
+
+    def spent(self) -> float:
+        now = self.clock()
+        return sum(rate * ((until or now) - since) / 3600 for rate, since, until in self.held.values())
+
+    def allows_new_trial(self) -> bool:
+        """No budget, or the spend projected to the end of one more trial on every held slot stays within it."""
+        if self.budget is None:
+            return True
+        mean = statistics.fmean(self.trial_s) if self.trial_s else PRIOR_TRIAL_S
+        rate = sum(r for r, _s, until in self.held.values() if until is None)
+        return self.spent() + rate * mean / 3600 <= self.budget
+
+
+class Scheduler:
+    """Runs `spec.trials` trials of `study` over `slots`; `view` sees the progress and the events."""
+
+    def __init__(self, study: Any, spec: SweepSpec, run: Any, slots: Sequence[Slot], view: Any,
+                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`study` may be None until `attach` (the workers start loading while the study is made)."""
+        self.study, self.spec, self.base, self.slots, self.view = study, spec, run, list(slots), view
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        self.inbox: "queue.Queue[tuple[int, str | None]]" = queue.Queue()
+        self.workers: dict[int, Worker] = {}
+        self.deaths: dict[str, int] = {}
+        self.pending: list[Trial] = []
+        self.spend = Spend(spec.budget_usd, clock)
+        self.turnarounds_ms: list[float] = []
+        self.startups_ms: list[float] = []
+        self.budget_reached = False
+        self.fatal_reasons: list[str] = []  # why workers could not start (a bad data path, no torch...)
+        self._next_wid = 0
+        self.progress = Progress(name=spec.name, trials=spec.trials)
+        self.untold: list[tuple[Trial, str, float | None, str | None, str | None]] = []
+        self._started = False
+        if study is not None:
+            self.attach(study)
+
+    def attach(self, study: Any) -> None:
+        self.study = study
+        self._count_existing()
+
+    def start_slots(self) -> None:
+        """Start every slot's worker (torch and the data load from now on)."""
+        if not self._started:
+            self._started = True
+            for slot in self.slots:
+                self._spawn(slot)
+
+    def abort(self) -> None:
+        """The sweep will not run after all: end the workers started."""
+        for worker in list(self.workers.values()):
+            worker.handle.kill()
+
+    # -- counts --------------------------------------------------------------------------
+    def _count_existing(self) -> None:
+        from optuna.trial import TrialState
+
+        p = self.progress
+        for t in self.study.get_trials(deepcopy=False):
+            if not studies.counted(t):
+                continue
+            p.done += 1
+            if t.state == TrialState.COMPLETE:
+                p.complete += 1
+                self._consider_best(t.number, t.value)
+            elif t.state == TrialState.PRUNED:
+                p.pruned += 1
+            else:
+                p.failed += 1
+
+    def _consider_best(self, number: int, value: float | None) -> None:
+        if value is None:
+            return
+        best = self.progress.best
+        better = best is None or (value > best if self.spec.direction == "maximize" else value < best)
+        if better:
+            self.progress.best, self.progress.best_trial = value, number
+
+    def _running(self) -> list[Trial]:
+        return [w.busy for w in self.workers.values() if w.busy is not None]
+
+    def _in_flight(self) -> int:
+        return len(self._running()) + len(self.pending) + len(self.untold)
+
+    # -- workers -------------------------------------------------------------------------
+    def _spawn(self, slot: Slot) -> None:
+        try:
+            handle = slot.spawn()
+        except GputuiError as exc:
+            self.deaths[slot.name] = MAX_RESPAWNS
+            self.fatal_reasons.append(str(exc))
+            self.view.sweep("slot", slot=slot.name, device=slot.device, state="failed", message=str(exc))
+            return
+        wid = self._next_wid
+        self._next_wid += 1
+        worker = Worker(wid, slot, handle, self.clock())
+        self.workers[wid] = worker
+        self.spend.hold(wid, slot.usd_per_hour)
+        threading.Thread(target=self._read, args=(wid, handle), name=f"gputui-sweep-{slot.name}", daemon=True).start()
+        self.view.sweep("slot", slot=slot.name, device=slot.device, state="starting", pid=handle.pid)
+
+    def _read(self, wid: int, handle: WorkerHandle) -> None:
+        try:
+            for line in handle.lines():
+                self.inbox.put((wid, line))
+        finally:
+            self.inbox.put((wid, None))
+
+    def _lost(self, worker: Worker) -> None:
+        """A worker's output ended: give its trial back, start its slot again (a few times)."""
+        self.workers.pop(worker.wid, None)
+        self.spend.release(worker.wid)
+        worker.handle.kill()
+        code = worker.handle.exit_code()
+        why = worker.fatal or worker.handle.last_words() or f"exit status {code}"
+        name = worker.slot.name
+        if worker.fatal:
+            self.fatal_reasons.append(worker.fatal)
+        self.deaths[name] = self.deaths.get(name, 0) + (MAX_RESPAWNS if worker.fatal else 1)
+        self.view.sweep("slot", slot=name, device=worker.slot.device, state="lost", pid=worker.handle.pid,
+                        exit_code=code, message=why)
+        if worker.busy is not None:
+            self._retry(worker.busy, f"worker {name} died ({why})", name)
+        if self.deaths[name] < MAX_RESPAWNS and not self._over():
+            self._spawn(worker.slot)
+
+    # -- trials --------------------------------------------------------------------------
+    def _may_ask(self) -> bool:
+        if self.stop.is_set() or self.progress.done + self._in_flight() >= self.spec.trials:
+            return False
+        if not self.spend.allows_new_trial():
+            if not self.budget_reached:
+                self.budget_reached = True
+                self.view.sweep("budget", spent_usd=round(self.spend.spent(), 6), budget_usd=self.spec.budget_usd,
+                                message="no new trial: the projected spend would pass the budget")
+            return False
+        return True
+
+    def _ask(self) -> Trial:
+        from gputui.profiles import RunSettings
+
+        handle = self.study.ask()
+        params = suggest(handle, self.spec.space)
+        cfg = self.base.merged(RunSettings(**params)).resolve()
+        return Trial(number=handle.number, handle=handle, params=params, profile=cfg.to_toml())
+
+    def _pick(self, worker: Worker) -> Trial | None:
+        live = {w.slot.name for w in self.workers.values()}
+        for i, trial in enumerate(self.pending):
+            if trial.avoid != worker.slot.name or live <= {worker.slot.name}:
+                return self.pending.pop(i)
+        return None
+
+    def _dispatch(self) -> None:
+        if self.stop.is_set():
+            return
+        for worker in list(self.workers.values()):
+            if not worker.ready or worker.busy is not None:
+                continue
+            trial = self._pick(worker)
+            if trial is None:
+                if not self._may_ask():
+                    continue
+                trial = self._ask()
+            self._start(worker, trial)
+
+    def _start(self, worker: Worker, trial: Trial) -> None:
+        directory = studies.trial_dir(self.spec.name, trial.number)
+        resume = trial.attempt > 1 and (directory / "ckpt.pt").is_file()
+        trial.started = self.clock()
+        trial.stopping = None
+        worker.busy = trial
+        self.view.sweep("trial", trial=trial.number, slot=worker.slot.name, attempt=trial.attempt,
+                        params=trial.params, resume=resume)
+        try:
+            worker.handle.send({"op": "trial", "trial": trial.number, "attempt": trial.attempt,
+                                "profile": trial.profile, "run_dir": str(directory), "resume": resume})
+        except WorkerGone:
+            pass  # its output ends next: _lost gives the trial back
+
+    def _retry(self, trial: Trial, error: str, slot: str) -> None:
+        trial.errors.append(error)
+        if trial.attempt >= MAX_ATTEMPTS:
+            self._tell(trial, "fail", error=error)
+            return
+        trial.attempt += 1
+        trial.avoid = slot
+        self.pending.insert(0, trial)
+        self.view.sweep("requeued", trial=trial.number, slot=slot, attempt=trial.attempt, message=error)
+
+    def _tell(self, trial: Trial, state: str, value: float | None = None, error: str | None = None,
+              slot: str | None = None) -> None:
+        """Tell the study after the next dispatch: the freed worker gets its next trial first."""
+        self.untold.append((trial, state, value, error, slot))
+
+    def _flush(self) -> None:
+        told, self.untold = self.untold, []
+        for args in told:
+            self._tell_now(*args)
+
+    def _tell_now(self, trial: Trial, state: str, value: float | None = None, error: str | None = None,
+                  slot: str | None = None) -> None:
+        from optuna.trial import TrialState
+
+        p = self.progress
+        if error:
+            trial.handle.set_user_attr("error", error[:2000])
+        trial.handle.set_user_attr("attempts", trial.attempt)
+        if slot:
+            trial.handle.set_user_attr("slot", slot)
+        if state == "complete":
+            self.study.tell(trial.handle, value)
+            p.complete += 1
+            self._consider_best(trial.number, value)
+        elif state == "pruned":
+            self.study.tell(trial.handle, state=TrialState.PRUNED)
+            p.pruned += 1
+        else:
+            self.study.tell(trial.handle, state=TrialState.FAIL)
+            p.failed += 1
+        p.done += 1
+        self.view.sweep("trial_done", trial=trial.number, state=state, value=value, attempt=trial.attempt,
+                        slot=slot, error=error, params=trial.params)
+
+    def _event(self, worker: Worker, message: dict[str, Any]) -> None:
+        trial = worker.busy
+        event = message.get("data")
+        if trial is None or message.get("trial") != trial.number or not isinstance(event, dict):
+            return
+        kind = event.get("event")
+        if kind == "start" and worker.free_since is not None:
+            self.turnarounds_ms.append(1000 * (self.clock() - worker.free_since))
+            worker.free_since = None
+        if kind == "start":
+            startup = protocol.number(message.get("startup_ms"))
+            if startup is not None:
+                self.startups_ms.append(startup)
+        self.view.run_event(trial.number, worker.slot.name, event)
+        index = protocol.integer(message.get("eval"))
+        acc = protocol.number(event.get("test_acc"))
+        if kind not in ("eval", "epoch") or index is None or acc is None or trial.stopping:
+            return
+        if self.spec.metric == "time_to_accuracy":
+            if acc >= (self.spec.target or 100.0):
+                trial.reached_s = protocol.number(event.get("elapsed_s"))
+                self._stop_trial(worker, trial, "target")
+                return
+            trial.handle.report(100.0 - acc, step=index - 1)  # the error falls as the time would
+        else:
+            trial.handle.report(acc, step=index - 1)
+        if self.spec.pruner != "none" and trial.handle.should_prune():
+            self._stop_trial(worker, trial, "pruned")
+
+    def _stop_trial(self, worker: Worker, trial: Trial, reason: str) -> None:
+        trial.stopping = reason
+        try:
+            worker.handle.send({"op": "stop", "trial": trial.number, "reason": reason})
+        except WorkerGone:
+            pass
+
+    def _result(self, worker: Worker, message: dict[str, Any]) -> None:
+        trial = worker.busy
+        if trial is None or message.get("trial") != trial.number:
+            return
+        worker.busy = None
+        worker.free_since = self.clock()
+        self.spend.trial_s.append(self.clock() - trial.started)
+        outcome = message.get("outcome")
+        slot = worker.slot.name
+        acc = protocol.number(message.get("test_acc"))
+        if outcome == "error":
+            error = str(message.get("error") or "the trial failed")[:2000]
+            if message.get("reason") == "nan":
+                trial.errors.append(error)
+                self._tell(trial, "fail", error=error, slot=slot)
+            else:
+                self._retry(trial, error, slot)
+            return
+        if trial.stopping == "pruned" and outcome == "stopped":
+            self._tell(trial, "pruned", slot=slot)
+        elif self.spec.metric == "time_to_accuracy":
+            if trial.reached_s is not None:
+                self._tell(trial, "complete", trial.reached_s, slot=slot)
+            else:
+                self._tell(trial, "fail", slot=slot, error=f"did not reach {self.spec.target:g}% test accuracy")
+        elif outcome == "done" and acc is not None:
+            self._tell(trial, "complete", acc, slot=slot)
+        else:
+            self._retry(trial, f"the trial ended without a result ({outcome})", slot)
+
+    def _handle(self, wid: int, line: str | None) -> None:
+        worker = self.workers.get(wid)
+        if worker is None:
+            return
+        if line is None:
+            self._lost(worker)
+            return
+        message = protocol.decode(line)
+        if message is None:
+            return
+        op = message["op"]
+        if op == "ready":
+            worker.ready = True
+            worker.free_since = None
+            self.view.sweep("slot", slot=worker.slot.name, device=str(message.get("device")), state="ready",
+                            pid=protocol.integer(message.get("pid")), load_s=protocol.number(message.get("load_s")))
+        elif op == "fatal":
+            worker.fatal = str(message.get("error"))[:500]
+        elif op == "event":
+            self._event(worker, message)
+        elif op == "result":
+            self._result(worker, message)
+
+    # -- the loop ------------------------------------------------------------------------
+    def _over(self) -> bool:
+        return (self.progress.done >= self.spec.trials or self.stop.is_set()
+                or (self.budget_reached and not self._running()))
+
+    def run(self) -> Progress:
+        """Run until `trials` are finished, the budget stops new ones, or `stop` is set."""
+        try:
+            self.start_slots()
+            while True:
+                self._dispatch()
+                self._flush()
+                if self._over():
+                    break
+                if not self.workers:
+                    reasons = "; ".join(sorted(set(self.fatal_reasons))) or "they exited"
+                    raise GputuiError(f"sweep {self.spec.name}: no worker is left ({reasons}); continue with "
+                                      f"`gputui sweep --resume {self.spec.name}` once fixed")
+                try:
+                    wid, line = self.inbox.get(timeout=1.0)
+                except queue.Empty:
+                    self._show_progress()
+                    continue
+                self._handle(wid, line)
+                self._show_progress()
+        finally:
+            self._shutdown()
+        return self._show_progress()
+
+    def _show_progress(self) -> Progress:
+        p = self.progress
+        p.running = len(self._running())
+        p.spent_usd = self.spend.spent()
+        if self.budget_reached:
+            p.note = "budget reached"
+        elif self.stop.is_set():
+            p.note = "stopping"
+        self.view.progress(p)
+        return p
+
+    def _shutdown(self) -> None:
+        """Workers end; trials still held go back to the study's queue (requeued) for --resume."""
+        self._flush()
+        for worker in list(self.workers.values()):
+            try:
+                worker.handle.send({"op": "exit"})
+            except WorkerGone:
+                pass
+            worker.handle.kill()
+            self.spend.release(worker.wid)
+        held = self._running() + self.pending
+        for worker in self.workers.values():
+            worker.busy = None
+        self.pending = []
+        from optuna.trial import TrialState
+
+        for trial in held:
+            trial.handle.set_user_attr(studies.REQUEUED, True)
+            self.study.tell(trial.handle, state=TrialState.FAIL)
+            self.study.enqueue_trial(dict(trial.params), user_attrs={studies.REQUEUED_FROM: trial.number})
+            self.view.sweep("requeued", trial=trial.number, attempt=trial.attempt,
+                            message="the sweep stopped first; `gputui sweep --resume` runs it again")
+        for slot in self.slots:
+            try:
+                slot.close()
+            except GputuiError as exc:
+                self.view.sweep("slot", slot=slot.name, device=slot.device, state="close_failed", message=str(exc))
+
+    def summary(self) -> dict[str, Any]:
+        t = sorted(self.turnarounds_ms)
+        s = sorted(self.startups_ms)
+        return {"turnaround_ms_median": statistics.median(t) if t else None,
+                "startup_ms_median": statistics.median(s) if s else None}

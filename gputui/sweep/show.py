@@ -1,0 +1,129 @@
+"""`gputui sweep show NAME`: the trials sorted by the objective, the best parameters, Optuna's
+parameter importances; `--json`; `--run FILE` writes the best trial's run profile."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from gputui.errors import UserError
+from gputui.sweep import study as studies
+from gputui.sweep.view import value_text
+
+
+def _state(t: Any) -> str:
+    name = t.state.name.lower()
+    if t.user_attrs.get(studies.REQUEUED):
+        return "requeued"
+    return name
+
+
+def trial_rows(study: Any, spec: Any) -> list[dict[str, Any]]:
+    """Every trial as a dict, sorted: complete ones by the objective (best first), then the rest by number."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        duration = t.duration.total_seconds() if t.duration is not None else None
+        rows.append({"number": t.number, "state": _state(t), "value": t.value, "params": dict(t.params),
+                     "evaluations": len(t.intermediate_values), "duration_s": duration,
+                     "slot": t.user_attrs.get("slot"), "attempts": t.user_attrs.get("attempts"),
+                     "error": t.user_attrs.get("error"), "requeued_from": t.user_attrs.get(studies.REQUEUED_FROM)})
+    sign = -1 if spec.direction == "maximize" else 1
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        if row["state"] == "complete" and row["value"] is not None:
+            return (0, sign * row["value"], row["number"])
+        return (1, 0, row["number"])
+
+    return sorted(rows, key=key)
+
+
+def importances(study: Any) -> tuple[dict[str, float] | None, str | None]:
+    """Optuna's parameter importances, or None and why there are none yet."""
+    from optuna.trial import TrialState
+
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if len(complete) < 2:
+        return None, f"importances need 2 complete trials or more ({len(complete)} so far)"
+    import optuna
+
+    try:
+        values = optuna.importance.get_param_importances(study)
+    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
+        return None, f"importances not available ({str(exc).splitlines()[0][:160]})"
+    clean = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    if not clean:
+        return None, "importances not available (no parameter varied among the complete trials)"
+    return clean, None
+
+
+def best(study: Any) -> Any:
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    return study.best_trial
+
+
+def report(name: str) -> dict[str, Any]:
+    study, _profile, spec = studies.load(name, "sweep show")
+    winner = best(study)
+    imp, why = importances(study)
+    rows = trial_rows(study, spec)
+    counted = [t for t in study.get_trials(deepcopy=False) if studies.counted(t)]
+    return {"name": name, "storage": studies.storage_url(), "objective": spec.objective, "target": spec.target,
+            "direction": spec.direction, "trials": spec.trials, "finished": len(counted),
+            "best": None if winner is None else {"number": winner.number, "value": winner.value,
+                                                 "params": dict(winner.params)},
+            "importances": imp, "importances_note": why, "trial_rows": rows}
+
+
+def print_report(data: dict[str, Any]) -> None:
+    from gputui.commands import cloud_view as view
+
+    metric = data["objective"].split()[1]
+    rows = []
+    for r in data["trial_rows"]:
+        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
+        value = value_text(r["value"], metric) if r["state"] == "complete" else "n/a"
+        note = r["error"] or (f"requeued from {r['requeued_from']}" if r["requeued_from"] is not None else "")
+        rows.append([r["number"], r["state"], value, params, r["evaluations"],
+                     "n/a" if r["duration_s"] is None else f"{r['duration_s']:.1f} s", r["slot"] or "n/a", note])
+    view.print_table(f"Sweep {data['name']}: {data['objective']}"
+                     + (f" (target {data['target']:g}%)" if data["target"] else "")
+                     + f", {data['finished']}/{data['trials']} trials finished",
+                     ["trial", "state", "value", "params", "evals", "time", "slot", "note"], rows,
+                     caption=f"study: {data['storage']} (optuna-dashboard opens it); "
+                     f"the best as a run profile: gputui sweep show {data['name']} --run FILE")
+    b = data["best"]
+    if b is None:
+        view.say("best: none yet (no trial complete)")
+    else:
+        params = ", ".join(f"{k} = {v!r}" for k, v in b["params"].items())
+        view.say(f"best: trial {b['number']}, {value_text(b['value'], metric)}: {params}")
+    if data["importances"]:
+        view.say("importances: " + ", ".join(f"{k} {v:.2f}" for k, v in data["importances"].items()))
+    else:
+        view.say(data["importances_note"] or "importances: n/a")
+
+
+def write_best_profile(name: str, target: Path | None) -> Path:
+    """The best trial's run profile, as `gputui run --profile` reads it; the file written."""
+    from dataclasses import replace
+
+    from gputui.profiles import RunSettings
+
+    study, profile, spec = studies.load(name, "sweep show")
+    winner = best(study)
+    if winner is None:
+        raise UserError(f"sweep {name}: no trial is complete yet, so there is no best run to write")
+    cfg = profile.run.merged(RunSettings(**dict(winner.params))).resolve()
+    path = target if target is not None else Path(f"{name}-best.toml")
+    text = (f"# The best trial ({winner.number}) of sweep {name}: {spec.objective} = {winner.value!r}.\n"
+            f"# Train it again with: gputui run --profile {path}\n")
+    cfg = replace(cfg, device=profile.run.device or "auto")
+    try:
+        path.write_text(text + cfg.to_toml(), encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
