@@ -255,24 +255,57 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d {s % 86400 // 3600:02d}h"
 
 
-def _add_row(table: Table, *cells: Text | str) -> None:
-    """A row whose plain strings (numbers, or what a replayed file put there) are text, not markup."""
-    table.add_row(*(cell if isinstance(cell, Text) else safe(cell) for cell in cells))
+PROC_COLS = (_Col("host", "Host"), _Col("gpu", "GPU", True), _Col("pid", "PID", True), _Col("user", "User"),
+             _Col("memory", "GPU mem", True), _Col("sm", "SM", True), _Col("cpu", "CPU", True), _Col("rss", "RSS", True),
+             _Col("time", "Time", True), _Col("command", "Command"))
+PROC_DROP_ORDER = ("rss", "time", "sm", "cpu", "user")  # Host, GPU, PID, GPU mem and Command stay
+COMMAND_MIN_W = 16  # the command wraps (at spaces) to what the other columns leave, never below this
 
 
-def processes_table(rows: Sequence[ProcessRow]) -> Table:
+def _process_cells(row: ProcessRow) -> dict[str, Text]:
+    p = row.process
+    return {
+        "host": safe(row.host, "bold", width=32), "gpu": Text(str(row.gpu)), "pid": Text(str(p.pid)),
+        "user": safe(p.user or units.NA, width=16), "memory": _num(units.mib, p.gpu_memory_mib),
+        "sm": _num(units.pct, p.sm_pct), "cpu": _num(units.pct, p.cpu_pct), "rss": _num(units.mib, p.rss_mib),
+        "time": Text(duration(p.running_s)), "command": safe(p.name or units.NA, limit=COMMAND_W * 4),
+    }
+
+
+def processes_table(rows: Sequence[ProcessRow], width: int = 200) -> Table:
     """One row per compute process (gputui monitor --procs); users and commands are text. The
-    command wraps (at spaces) to the width the other columns leave."""
+    command wraps (at spaces) to the width the other columns leave; where they do not fit, RSS,
+    Time, SM, CPU and User drop, in that order."""
+    cells = [_process_cells(row) for row in rows]
+
+    def need(col: _Col) -> int:
+        if col.key == "command":
+            return max([cell_len(col.title), COMMAND_MIN_W])
+        return max([cell_len(col.title), *(c[col.key].cell_len for c in cells)])
+
+    for n in range(len(PROC_DROP_ORDER) + 1):
+        cols = [c for c in PROC_COLS if c.key not in PROC_DROP_ORDER[:n]]
+        if table_width([need(c) for c in cols]) <= width:
+            break
     table = Table(show_lines=False, header_style="bold", title="Processes")
-    for title in ("Host", "GPU", "PID", "User", "GPU mem", "SM", "CPU", "RSS", "Time"):
-        table.add_column(title, no_wrap=True, overflow="ellipsis",
-                         justify="right" if title in ("GPU", "PID", "GPU mem", "SM", "CPU", "RSS", "Time") else "left")
-    table.add_column("Command", no_wrap=False, overflow="fold", min_width=12)
-    if not rows:
-        table.add_row(*[""] * 9, Text("no compute process", style="dim"))
-    for row in rows:
-        p = row.process
-        _add_row(table, safe(row.host, "bold", width=32), str(row.gpu), str(p.pid), safe(p.user or "n/a", width=16),
-                 _num(units.mib, p.gpu_memory_mib), _num(units.pct, p.sm_pct), _num(units.pct, p.cpu_pct),
-                 _num(units.mib, p.rss_mib), duration(p.running_s), safe(p.name or "n/a", limit=COMMAND_W * 4))
+    for col in cols:
+        if col.key == "command":
+            table.add_column(col.title, no_wrap=False, overflow="fold", min_width=need(col))
+        else:
+            table.add_column(col.title, no_wrap=True, overflow="ellipsis", min_width=need(col),
+                             justify="right" if col.right else "left")
+    if not cells:
+        table.add_row(*[""] * (len(cols) - 1), Text("no compute process", style="dim"))
+    for c in cells:
+        table.add_row(*(c[col.key] for col in cols))
     return table
+
+
+class ProcessesTable:
+    """The process table as a renderable laid out for the width it is drawn at."""
+
+    def __init__(self, rows: Sequence[ProcessRow]) -> None:
+        self.rows = list(rows)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield processes_table(self.rows, options.max_width)

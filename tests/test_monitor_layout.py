@@ -16,7 +16,8 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, round_from_dict
-from gputui.telemetry_view import DROP_ORDER, HOST_LINE, HostsTable, _columns, layout
+from gputui.processes import rows as process_rows
+from gputui.telemetry_view import DROP_ORDER, HOST_LINE, HostsTable, ProcessesTable, _columns, layout
 
 from .conftest import run_cli
 
@@ -44,9 +45,9 @@ def hosts() -> list[HostSnapshot]:
     ]
 
 
-def render(width: int) -> list[str]:
+def render(width: int, table: object = None) -> list[str]:
     console = Console(width=width, file=io.StringIO(), color_system=None, highlight=False, legacy_windows=False)
-    console.print(HostsTable(hosts()))
+    console.print(HostsTable(hosts()) if table is None else table)
     return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
 
 
@@ -153,3 +154,18 @@ def test_the_first_cpu_reading_waits_for_a_second_and_later_ones_do_not() -> Non
     calls = clock.calls
     host.sample()  # right after: too short a window, and no wait (None until the window is long enough)
     assert clock.calls == calls + 1
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_process_table_keeps_numbers_whole_and_wraps_the_command(width: int) -> None:
+    """The H100 run's process (gputui monitor --procs): its memory with its unit, its PID, and
+    its command line word by word; no line wider than the terminal."""
+    listed = process_rows(h100_round())
+    lines = render(width, ProcessesTable(listed))
+    text = "\n".join(lines)
+    assert not [line for line in lines if cell_len(line) > width], text
+    for value in ("612 MiB", "425", "vm"):
+        assert any(value in line for line in lines), (value, text)
+    command = listed[0].process.name
+    tokens = [t for line in lines for t in re.split(r"[\s│┃]+", line) if t]
+    assert command is not None and command in " ".join(tokens), text

@@ -253,12 +253,12 @@ class _View:
             return
         from rich.console import Group
 
-        from gputui.telemetry_view import HostsTable, processes_table
+        from gputui.telemetry_view import HostsTable, ProcessesTable
 
         console = self._get_console()
         table: Any = HostsTable(hosts)  # laid out at the console's width, each time it is drawn
         if self.procs is not None:
-            table = Group(table, processes_table(self.procs.rows(hosts)))
+            table = Group(table, ProcessesTable(self.procs.rows(hosts)))
         if self.once or not console.is_terminal:
             console.print(table)
             return
