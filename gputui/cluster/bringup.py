@@ -20,7 +20,7 @@ from gputui.cluster.bootstrap import Bootstrapper, local_dataset
 from gputui.cluster.context import CLOUD_SSH_WAIT_S, RunContext
 from gputui.cluster.members import Node
 from gputui.cluster.sshnode import SlaveConnection, quote_path
-from gputui.errors import GputuiError
+from gputui.errors import GputuiError, UserError
 from gputui.hosts import HostSpec
 from gputui.paths import bundled_mnist
 
@@ -80,6 +80,9 @@ def prepare(ctx: RunContext, node: Node) -> None:
 def bring_up(ctx: RunContext) -> None:
     """Every node of the run ready to start torchrun, and the rendezvous served."""
     s = ctx.settings
+    refused = s.master_unreachable()
+    if refused:  # before any connection or launch: nothing to undo
+        raise UserError(refused)
     data = Path(ctx.cfg.data) if ctx.cfg.data else bundled_mnist()
     static = list(s.hosts)[: s.slaves_needed]
     conns = in_parallel(lambda spec: connect_host(ctx, spec), static, lambda c: c.close())
@@ -111,6 +114,10 @@ def _start_cloud(ctx: RunContext, count: int, minimum: int) -> None:
         ctx.manager = SlaveManager(s, cloud_context(s))
     ctx.manager.ctx.ledger.start_run(ctx.run.run_id, s.name, time.time())  # slaves with a run are not idle
     ctx.ledger_run = True
+    if ctx.lease is None:  # the slaves' lease, renewed while the run holds them (teardown stops it)
+        from gputui.cloud.lease import LeaseRenewer
+
+        ctx.lease = LeaseRenewer(ctx.manager.ctx).start()
     slaves = ctx.manager.ensure(count, minimum=minimum, started=record_started(ctx), sleep=ctx.stops.sleep)
     ours = [x.instance_id for x in slaves if x.started_here]
     if ours:

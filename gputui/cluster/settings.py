@@ -107,6 +107,24 @@ class ClusterSettings:
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
+    def master_unreachable(self) -> str | None:
+        """Why the master cannot train beside these slaves, or None when it can.
+
+        Cloud slaves reach the master only through their SSH tunnel by default: their security
+        group lets in SSH from the master alone, and the master is often a laptop behind NAT. The
+        rendezvous store travels through the tunnel, but gloo/NCCL traffic between the master's
+        ranks and theirs cannot. So a training master needs master_addr (an address the slaves
+        do reach) or rendezvous = "direct" (a network where all nodes reach each other).
+        """
+        if not self.master_trains or self.rendezvous != "tunnel" or self.master_addr is not None:
+            return None
+        if self.nodes - 1 <= len(self.hosts) or not self.cloud_slaves:
+            return None  # no cloud slave trains: static hosts are taken to share the master's network
+        where = f" in {self.source}" if self.source else ""
+        return (f"[cluster]{where}: master_trains = true, but cloud slaves cannot reach this machine directly (they "
+                "let in only its SSH, and it may be behind NAT) and training traffic must flow between all nodes; "
+                "set master_trains = false, or master_addr to an address of this machine the slaves can reach")
+
 
 def cluster_settings(profile: "Profile") -> ClusterSettings | None:
     """The profile's `[cluster]` with hosts resolved and cross-checked; None without one."""
