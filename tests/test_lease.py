@@ -314,3 +314,19 @@ def test_budget_with_the_master_gone_overspends_at_most_one_renewal_interval(
     assert over <= rate * RENEW_S / 3600
     print(f"MEASURED e2e budget: spent ${spent:.5f} of ${budget}, over by ${over:.5f}; fleet ${rate:.4f}/h, "
           f"one renewal interval of it ${rate * RENEW_S / 3600:.5f}")
+
+
+def test_lease_settings_default_and_renewal_must_be_shorter_than_the_lease(tmp_path: Path) -> None:
+    from gputui.errors import UserError
+
+    key = tmp_path / "id.pub"
+    key.write_text(public_key_line() + "\n")
+    profile = tmp_path / "p.toml"
+    profile.write_text('[cloud]\nbudget_usd = 5\npublic_key = "id.pub"\n')
+    s = load_cloud_settings(profile)
+    assert (s.lease_minutes, s.renew_minutes, s.max_hours, s.idle_stop_minutes) == (10.0, 2.0, None, 30.0)
+    profile.write_text('[cloud]\nbudget_usd = 5\nlease_minutes = 5\nrenew_minutes = 5\n')
+    with pytest.raises(UserError, match=r"p.toml:4: \[cloud\] renew_minutes: must be shorter than lease_minutes"):
+        load_cloud_settings(profile)
+    profile.write_text('[cloud]\nbudget_usd = 5\n[cluster]\nidle_stop_minutes = 0\n')
+    assert load_cloud_settings(profile).idle_stop_minutes == 0.0  # the slaves' idle stop is the cluster's
