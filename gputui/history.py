@@ -177,6 +177,43 @@ def find_run(ref: str, home: Path | None = None) -> runs.RunDir:
     raise UserError(f"{ref}: no such run (not a run id in {home}, nor a run directory); `gputui runs` lists them")
 
 
+COLUMNS = ("id", "started", "model", "device", "strategy", "epochs", "best acc", "final acc", "time", "cost",
+           "state", "note")
+
+
+def cells(s: RunSummary) -> list[str]:
+    """A summary as the cells of COLUMNS, formatted by gputui.units (`gputui runs` and the
+    dashboard's runs screen show the same). The text is data: the views show it as Text."""
+    from gputui import units
+
+    started = units.NA if s.started is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started))
+    strategy = s.strategy or units.NA
+    if s.world_size is not None and s.world_size > 1:
+        strategy += f" x{s.world_size}"
+    return [s.run_id, started, s.model or units.NA, s.device or units.NA, strategy,
+            f"{s.epochs_done}/{s.epochs if s.epochs is not None else '?'}", _pct(s.best_acc), _pct(s.final_acc),
+            units.duration(s.train_s), units.money(s.cost_usd), s.state, s.detail or ""]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}%"
+
+
+def delete_run(run: runs.RunDir) -> None:
+    """Remove a run's directory (UserError while its process is alive, or for a directory that is
+    not a run: one without profile.toml and events.jsonl)."""
+    import shutil
+
+    if runs.live_process(run) is not None:
+        raise UserError(f"run {run.run_id} is still running: stop it first")
+    if not (run.profile.is_file() or run.events.is_file()):
+        raise UserError(f"{run.path}: not a run directory (no {runs.PROFILE}, no {runs.EVENTS})")
+    try:
+        shutil.rmtree(run.path)
+    except OSError as exc:
+        raise UserError(f"cannot delete {run.path}: {exc.strerror or exc}") from None
+
+
 # -- curves ---------------------------------------------------------------------------------------
 
 def curves(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ torchrun (`ddp`), handing every event to the run's events.jsonl and to a view.
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
@@ -220,6 +221,9 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
         say(str(exc))
         return 0
     local = cluster_profile(run_dir.path) is None  # cluster runs keep their own ledger lines
+    # run.pid: any dashboard on this machine can find this run, follow its events and stop it.
+    source = None if resume else (req.profile or default_profile())
+    runs.write_pid(run_dir, os.getpid(), source.expanduser().resolve() if source is not None else None)
     if local:
         _record_run(run_dir.run_id, None, say)
     outcome = "failed"
@@ -229,6 +233,7 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
         view.close()
         if local:
             _record_run(run_dir.run_id, outcome, say)
+        runs.clear_pid(run_dir, os.getpid())
     ref = shlex.quote(_ref(run_dir))  # the hints are commands to paste
     if outcome == "interrupted":
         say(f"interrupted: checkpoint saved in {run_dir.path}; resume with: gputui run --resume {ref}")

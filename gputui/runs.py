@@ -1,4 +1,5 @@
-"""Run directories: one per run, holding profile.toml, events.jsonl and ckpt.pt."""
+"""Run directories: one per run, holding profile.toml, events.jsonl and ckpt.pt, and while the
+run goes on, run.pid (which process it is, so any dashboard can find, follow and stop it)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from gputui.paths import runs_home
 PROFILE = "profile.toml"
 EVENTS = "events.jsonl"
 CHECKPOINT = "ckpt.pt"
+PIDFILE = "run.pid"  # line 1 the pid, line 2 its start time (/proc ticks), line 3 the profile it was started from
+STDERR = "stderr.log"  # a run started by the dashboard writes its stderr here (it may outlive the dashboard)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,108 @@ class RunDir:
     @property
     def checkpoint(self) -> Path:
         return self.path / CHECKPOINT
+
+    @property
+    def pidfile(self) -> Path:
+        return self.path / PIDFILE
+
+
+# -- which process a run is ------------------------------------------------------------------------
+
+def process_start(pid: int) -> str | None:
+    """The process's start time as /proc gives it (clock ticks since boot), to tell it from a
+    later process that reuses its pid; None where that cannot be read (no /proc, gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and has not ended (a zombie has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's: it exists
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True  # no /proc to ask: os.kill said it exists
+
+
+@dataclass(frozen=True)
+class RunProcess:
+    """What run.pid says: the run's process, and the profile it was started from (if known)."""
+
+    pid: int
+    start: str | None
+    profile: str | None
+
+
+def write_pid(run: RunDir, pid: int, profile: Path | str | None = None) -> None:
+    """Record that `pid` is the run's process (atomically: a reader sees the old file or the new).
+    A profile already recorded for the same process is kept when none is given."""
+    if profile is None:
+        known = read_pid(run)
+        profile = known.profile if known is not None and known.pid == pid else None
+    text = f"{pid}\n{process_start(pid) or ''}\n{profile or ''}\n"
+    tmp = run.path / f".{PIDFILE}.{os.getpid()}"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, run.pidfile)
+    except OSError:
+        pass  # a run that cannot say its pid still trains; dashboards then cannot attach to it
+
+
+def read_pid(run: RunDir) -> RunProcess | None:
+    try:
+        lines = run.pidfile.read_text(encoding="utf-8").splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if pid <= 0:
+        return None
+    start = lines[1].strip() if len(lines) > 1 and lines[1].strip() else None
+    profile = lines[2].strip() if len(lines) > 2 and lines[2].strip() else None
+    return RunProcess(pid, start, profile)
+
+
+def clear_pid(run: RunDir, pid: int) -> None:
+    """Remove run.pid if it still names `pid` (a resume may have taken the run over since)."""
+    known = read_pid(run)
+    if known is not None and known.pid == pid:
+        try:
+            run.pidfile.unlink()
+        except OSError:
+            pass
+
+
+def live_process(run: RunDir) -> RunProcess | None:
+    """The run's process if it is alive (and is the one that wrote run.pid, not a later process
+    with the same pid), else None."""
+    known = read_pid(run)
+    if known is None or not _alive(known.pid):
+        return None
+    if known.start is not None:
+        now = process_start(known.pid)
+        if now is not None and now != known.start:
+            return None
+    return known
+
+
+def live_runs(home: Path) -> list[RunDir]:
+    """The runs under `home` whose process is alive, newest first."""
+    try:
+        found = [RunDir(p) for p in home.iterdir() if (p / PIDFILE).is_file()] if home.is_dir() else []
+    except OSError:
+        found = []
+    return sorted((r for r in found if live_process(r) is not None), key=lambda r: r.run_id, reverse=True)
 
 
 def new_run_id() -> str:

@@ -46,28 +46,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not listed:
         view.say(f"no runs in {home} yet; start one with `gputui run`")
         return 0
-    view.print_table(f"Runs in {home}", ["id", "started", "model", "device", "strategy", "epochs", "best acc",
-                                         "final acc", "time", "cost", "state", "note"],
-                     (row(s) for s in listed),
+    view.print_table(f"Runs in {home}", list(history.COLUMNS), (row(s) for s in listed),
                      caption="see a run's curves: gputui runs export ID --csv [FILE]; go on: gputui run --resume ID")
     return 0
 
 
 def row(s: Any) -> list[str]:
-    """A summary as the table's cells."""
-    from gputui.commands.cloud_view import money, span
+    """A summary as the table's cells (the dashboard's runs screen shows the same)."""
+    from gputui.history import cells
 
-    started = "n/a" if s.started is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started))
-    strategy = s.strategy or "n/a"
-    if s.world_size is not None and s.world_size > 1:
-        strategy += f" x{s.world_size}"
-    return [s.run_id, started, s.model or "n/a", s.device or "n/a", strategy,
-            f"{s.epochs_done}/{s.epochs if s.epochs is not None else '?'}", _pct(s.best_acc), _pct(s.final_acc),
-            "n/a" if s.train_s is None else span(s.train_s), money(s.cost_usd), s.state, s.detail or ""]
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}%"
+    return cells(s)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

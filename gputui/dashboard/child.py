@@ -1,6 +1,11 @@
 """The training run as a child process: `gputui run --json`, so the dashboard shows
-exactly what the headless engine does. Its events come on stdout, one JSON line each;
-its last error line on stderr.
+exactly what the headless engine does.
+
+Given a run directory (what the dashboard does), the child is its own: a session of its own,
+stdout to /dev/null, stderr to the run directory's stderr.log, and the dashboard follows the
+run's events.jsonl (gputui.dashboard.follow), as it follows a run it did not start. So the
+run can outlive the dashboard (quit, "keep it running") and be attached to again. Without a
+run directory, its events come on stdout, one JSON line each, and its last error line on stderr.
 
 Stopping it is one SIGTERM, and then waiting for the run's own teardown: the run
 checkpoints, stops its processes (torchrun's workers, a cluster's nodes) and releases the
@@ -24,6 +29,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from gputui import runs
+from gputui.dashboard.follow import Follower
 from gputui.events import typed
 from gputui.model.text import clean, clean_tree
 from gputui.supervisor import GRACE_S, Tree
@@ -69,8 +76,13 @@ class TrainingChild:
     """
 
     def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-                 on_progress: Progress | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_progress: Progress | None = None, clock: Callable[[], float] = time.monotonic,
+                 run_dir: Path | None = None, profile: Path | None = None) -> None:
         self.argv = list(argv)
+        self.run_dir = run_dir  # set: the run is detached (own session, files) and followed from its events.jsonl
+        self.profile = profile  # recorded in run.pid: `t` in another dashboard on this profile attaches
+        self.follower: Follower | None = None
+        self.detached = False  # the dashboard let it go on without it (quit: "keep it running")
         self.env = env
         self.cwd = cwd
         self.on_progress = on_progress
@@ -86,6 +98,7 @@ class TrainingChild:
         self.killed = False  # SIGKILLed past the stop bound
         self._lock = threading.Lock()
         self._stopper: threading.Thread | None = None
+        self._stderr_start = 0
 
     @property
     def pid(self) -> int | None:
@@ -99,10 +112,30 @@ class TrainingChild:
         """Start the process (OSError if it cannot be)."""
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.run_dir is not None:
+            self._start_detached(env, self.run_dir)
+            return
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1, env=env, cwd=self.cwd)
         self.tree = Tree(self.proc)  # type: ignore[arg-type]  # no marker: the dashboard adopts no orphans
         threading.Thread(target=self._drain_stderr, name="training-stderr", daemon=True).start()
+
+    def _start_detached(self, env: dict[str, str], run_dir: Path) -> None:
+        """A run that does not depend on the dashboard: its own session (no signal from the
+        dashboard's terminal), no pipe to the dashboard (stdout to /dev/null: its events are in
+        events.jsonl; stderr to stderr.log)."""
+        run = runs.RunDir(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        start = run.events.stat().st_size if run.events.exists() else 0  # a resume appends: follow what is new
+        with open(run_dir / runs.STDERR, "ab") as err:
+            self._stderr_start = err.tell()
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                         env=env, cwd=self.cwd, start_new_session=True)
+        self.tree = Tree(self.proc)  # type: ignore[arg-type]
+        runs.write_pid(run, self.proc.pid, self.profile)  # now, not once the run has imported torch: `t` elsewhere attaches
+        self.follower = Follower(run.events, alive=lambda: self.proc is not None and self.proc.poll() is None,
+                                 start=start)
+        self._stderr_done.set()
 
     def _drain_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -114,8 +147,14 @@ class TrainingChild:
             self._stderr_done.set()
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """Each event as it is printed, until the process closes its stdout."""
-        assert self.proc is not None and self.proc.stdout is not None
+        """Each event as it is written, until the process has ended (or the dashboard let it go)."""
+        assert self.proc is not None
+        if self.follower is not None:
+            for event, _history in self.follower.events():
+                self._seen(event)
+                yield event
+            return
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
                 event = json.loads(line)
@@ -150,11 +189,32 @@ class TrainingChild:
         assert self.proc is not None
         code = self.proc.wait()
         self._stderr_done.wait(5.0)
+        if self.run_dir is not None:
+            runs.clear_pid(runs.RunDir(self.run_dir), self.proc.pid)  # the run removes it itself, unless killed
         return code
+
+    def detach(self) -> None:
+        """Let the run go on without this dashboard: stop following it; nothing stops it any more."""
+        self.detached = True
+        if self.follower is not None:
+            self.follower.stop()
+
+    def _stderr_lines(self) -> list[str]:
+        """What the run wrote on stderr (the last 40 lines), then this object's own notes."""
+        lines: list[str] = []
+        if self.run_dir is not None:
+            try:
+                with open(self.run_dir / runs.STDERR, "rb") as fh:
+                    fh.seek(max(self._stderr_start, fh.seek(0, os.SEEK_END) - 16384))
+                    text = fh.read().decode("utf-8", "replace")
+                lines = [clean(line.rstrip()) for line in text.splitlines() if line.strip()][-40:]
+            except OSError:
+                pass
+        return lines + list(self._stderr)
 
     def last_error(self) -> str | None:
         """The line that says why the run failed: `gputui: error: ...`, else the last stderr line."""
-        lines = list(self._stderr)
+        lines = self._stderr_lines()
         for line in reversed(lines):
             if line.startswith("gputui: error:"):
                 return line
