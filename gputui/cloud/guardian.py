@@ -2,7 +2,9 @@
 
 It is `gputui cloud guard --detached` in its own session, logging to `guards/` in the user
 log directory; a file lock makes sure only one guards a cluster. It exits by itself once
-the cluster has no running slaves.
+the cluster has no running slaves. While it runs it also renews the slaves' lease
+(gputui.cloud.lease): once it is gone (SIGKILL, a closed laptop), nothing renews it and
+each slave powers itself off when its lease passes.
 """
 
 from __future__ import annotations
