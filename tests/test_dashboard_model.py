@@ -53,8 +53,11 @@ def test_training_eta_and_progress_mid_run() -> None:
     state = TrainingState().replay(EVENTS[:10])
     step = EVENTS[9]
     assert state.status == "running" and state.step == step["step"]
-    expected = (234 - step["step"]) / (step["samples_per_s"] / 256)
-    assert state.eta_s == pytest.approx(expected)
+    before = [e for e in EVENTS[:9] if e["event"] in ("step", "epoch", "eval")][-1]  # the previous progress point
+    recent = (step["step"] - before["step"]) / (step["elapsed_s"] - before["elapsed_s"])  # steps/s on the run's clock
+    assert state.samples_per_s == pytest.approx(recent * 256)
+    assert state.samples_per_s == pytest.approx(step["samples_per_s"], rel=0.01)  # what the trainer said, too
+    assert state.eta_s == pytest.approx((234 - step["step"]) / recent)
     assert state.fraction == pytest.approx(step["step"] / 234)
 
 

@@ -169,8 +169,12 @@ def test_a_click_selects_the_slave_that_d_then_terminates(gputui_home: Path) -> 
 FAKE_RUN = r"""
 import json, os, signal, subprocess, sys
 gate, notes = sys.argv[1], sys.argv[2]
+events = sys.argv[sys.argv.index("--run-dir") + 1] + "/events.jsonl" if "--run-dir" in sys.argv else None
 def say(**event):
     print(json.dumps(event), flush=True)
+    if events:  # the dashboard follows the run directory's events.jsonl, as a real run writes it
+        with open(events, "a") as fh:
+            fh.write(json.dumps(event) + "\n")
 def note(_signum, _frame):
     with open(notes, "a") as fh:
         fh.write("SIGTERM\n")
@@ -348,7 +352,7 @@ def test_a_run_still_stopping_past_the_bound_is_killed_whole_and_that_is_said(tm
     async def scenario(pilot: Any) -> None:
         await pilot.press("t")
         await wait_for(pilot, lambda: app.training.status == "running", 60, "the run to start")
-        await pilot.press("q")  # quits through the stop: SIGTERM, then the wait
+        await pilot.press("q", "s")  # quit and stop it (the question's answer): SIGTERM, then the wait
         await stopping_shown(app, pilot, clock, CLUSTER_STOP_S - 1)
         assert not app.child.killed and not fake.helper_gone()
         clock.now = 1000.0 + CLUSTER_STOP_S + 1

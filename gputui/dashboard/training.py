@@ -1,5 +1,11 @@
 """A training run as the dashboard sees it: `gputui run --json` events folded into one
 frozen state (progress, rates, ETA, best accuracy, the loss and accuracy curves).
+
+The numbers are the events' own: the loss is the latest (a step's, or an epoch's mean
+`train_loss` when that came later), samples/s is the latest step event's recent rate (the
+trainer measures it over its own training clock), and the ETA is the remaining steps at that
+rate. Nothing is derived from when an event arrived, so a replay at any pace ends the same.
+Once the run has ended there is no ETA: `ended` and `outcome` say how it ended.
 """
 
 from __future__ import annotations
@@ -14,6 +20,17 @@ from gputui.model.telemetry import fmt
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
 ACTIVE = ("starting", "running", "stopping")
 ENDED = ("done", "interrupted")  # a run that said so; a later `error` (e.g. from a teardown) does not undo it
+MIN_RATE_SPAN_S = 0.2  # of training time between two progress points, to measure a rate over
+FINAL = ("done", "interrupted", "stopped", "failed")  # a run that is over, one way or another
+
+
+def one_line(text: str) -> str:
+    """The first non-empty line of a message (a traceback's last line says more, but an
+    `error` event's message is one line already; this guards against the odd one that is not)."""
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
 
 
 def _capped(points: tuple[tuple[float, float], ...], point: tuple[float, float]) -> tuple[tuple[float, float], ...]:
@@ -51,10 +68,18 @@ class TrainingState:
     acc_points: tuple[tuple[float, float], ...] = ()  # (step, test accuracy %)
     error: str | None = None  # the last error line of a failed run
     exit_code: int | None = None
+    reason: str | None = None  # why an interrupted run stopped (SIGTERM, ...)
+    mark: tuple[int, float] | None = None  # the last progress point (step, training clock) the rate is measured from
+    attached: bool = False  # followed from its events file, not started by this dashboard
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE
+
+    @property
+    def ended(self) -> bool:
+        """Over: done, interrupted, stopped or failed (no ETA any more)."""
+        return self.status in FINAL
 
     @property
     def steps_per_s(self) -> float | None:
@@ -89,32 +114,65 @@ class TrainingState:
                 model=event.get("model"), device=event.get("device"), strategy=event.get("strategy"),
                 world_size=event.get("world_size"), epochs=event.get("epochs"), batch_size=event.get("batch_size"),
                 steps_per_epoch=event.get("steps_per_epoch"), total_steps=event.get("total_steps"),
-                resumed_from_step=resumed, step=resumed or 0, error=None, exit_code=None,
+                resumed_from_step=resumed, step=resumed or 0, error=None, exit_code=None, reason=None, mark=None,
+                samples_per_s=None,
+                attached=self.attached,
                 epoch=self.epoch if same_run else 1,
             )
         if kind == "step":
+            if event.get("step") is None:
+                return self
             loss = event.get("loss")
             points = self.loss_points if loss is None or event.get("step") is None else _capped(self.loss_points, (event["step"], loss))
-            return replace(self, epoch=event.get("epoch"), step=event.get("step"), loss=loss,
-                           samples_per_s=event.get("samples_per_s"), elapsed_s=event.get("elapsed_s"),
+            rate, mark = self._rate(event["step"], event.get("elapsed_s"), event.get("samples_per_s"))
+            return replace(self, epoch=event.get("epoch"), step=event.get("step"), loss=_or(loss, self.loss),
+                           samples_per_s=rate, mark=mark, elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s),
                            loss_points=points)
         if kind in ("eval", "epoch"):
             acc = event.get("test_acc")
             best = self.best_acc if acc is None else max(acc, self.best_acc or acc)
             points = self.acc_points if acc is None or event.get("step") is None else _capped(self.acc_points, (event["step"], acc))
-            return replace(self, epoch=event.get("epoch"), step=event.get("step"), test_acc=acc, best_acc=best,
-                           elapsed_s=event.get("elapsed_s", self.elapsed_s), acc_points=points)
+            train_loss = event.get("train_loss") if kind == "epoch" else None
+            rate, mark = self.samples_per_s, self.mark
+            if event.get("step") is not None:
+                rate, mark = self._rate(event["step"], event.get("elapsed_s"), None)
+            return replace(self, epoch=_or(event.get("epoch"), self.epoch), step=_or(event.get("step"), self.step),
+                           test_acc=_or(acc, self.test_acc), best_acc=best, samples_per_s=rate, mark=mark,
+                           loss=_or(train_loss, self.loss),  # the epoch's mean is later than its last step's
+                           elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s), acc_points=points)
         if kind == "interrupted":
-            return replace(self, status="interrupted", step=event.get("step", self.step), epoch=event.get("epoch", self.epoch))
+            reason = event.get("reason")
+            return replace(self, status="interrupted", step=_or(event.get("step"), self.step),
+                           epoch=_or(event.get("epoch"), self.epoch), elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s),
+                           reason=str(reason) if reason else None)
         if kind == "done":
-            return replace(self, status="done", step=event.get("step", self.step), best_acc=event.get("best_acc", self.best_acc),
-                           test_acc=event.get("test_acc", self.test_acc), elapsed_s=event.get("elapsed_s", self.elapsed_s))
+            acc = event.get("test_acc")
+            return replace(self, status="done", step=_or(event.get("step"), self.step),
+                           epoch=_or(event.get("epochs"), self.epochs, self.epoch),
+                           best_acc=_or(event.get("best_acc"), self.best_acc), test_acc=_or(acc, self.test_acc),
+                           elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s))
         if kind == "error" and self.status not in ENDED:
             message = event.get("message")
             code = event.get("exit_code")
-            return replace(self, status="failed", error=str(message) if message is not None else "the run failed",
+            return replace(self, status="failed", error=one_line(message or "") or "the run failed",
+                           step=_or(event.get("step"), self.step), epoch=_or(event.get("epoch"), self.epoch),
                            exit_code=code if isinstance(code, int) else self.exit_code)
         return self
+
+    def _rate(self, step: int, elapsed: float | None, said: float | None) -> tuple[float | None, tuple[int, float] | None]:
+        """The recent samples/s at a progress point (step, training clock) and the new mark: the
+        samples since the previous point over the training time since, from the events' own
+        clock; the event's own rate where there is no earlier point (the first step of a start)."""
+        if elapsed is None:
+            return _or(said, self.samples_per_s), self.mark
+        mark = (step, elapsed)
+        if self.mark is not None and self.batch_size:
+            steps, seconds = step - self.mark[0], elapsed - self.mark[1]
+            if steps > 0 and seconds >= MIN_RATE_SPAN_S:
+                return steps * self.batch_size / seconds, mark
+            if steps >= 0 and seconds >= 0:  # too close to the last point to measure: keep both
+                return _or(said, self.samples_per_s), self.mark
+        return _or(said, self.samples_per_s), mark
 
     def replay(self, events: Iterable[Mapping[str, Any]]) -> "TrainingState":
         """Fold many events (a run directory's events.jsonl)."""
@@ -135,7 +193,19 @@ class TrainingState:
             return replace(self, exit_code=code)
         if stop_requested and code in (0, -signal.SIGTERM):
             return replace(self, status="interrupted" if code == 0 else "stopped", exit_code=code)
-        return replace(self, status="failed", exit_code=code, error=error or f"exited with code {code}")
+        return replace(self, status="failed", exit_code=code, error=one_line(error or "") or f"exited with code {code}")
+
+    def gone(self) -> "TrainingState":
+        """A followed run whose process ended without a last word (killed): stopped, resumable
+        from its last checkpoint. A run that said how it ended keeps that."""
+        if self.ended:
+            return self
+        return replace(self, status="stopped", reason=self.reason or "its process ended without a last event")
+
+
+def _or(*values: Any) -> Any:
+    """The first value that is not None."""
+    return next((v for v in values if v is not None), None)
 
 
 def event_line(event: Mapping[str, Any]) -> str | None:

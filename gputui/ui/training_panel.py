@@ -9,17 +9,20 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gputui import units
 from gputui.dashboard.training import TrainingState
-from gputui.model.telemetry import fmt
 from gputui.model.text import clean
 from gputui.ui.chart import training_chart
-from gputui.ui.draw import bar, duration
+from gputui.ui.draw import bar
 
 STATUS_CLASS = {"running": "ok", "starting": "ok", "stopping": "warn", "done": "ok", "interrupted": "warn",
                 "failed": "bad", "stopped": "warn", "idle": "dim"}
 
 
 class TrainingSummary(Widget):
+    """Three lines: who the run is; where it is (progress, recent rate, ETA) or, once it has
+    ended, how it ended; its loss and accuracy. Every number is formatted by gputui.units."""
+
     COMPONENT_CLASSES = {"training--ok", "training--warn", "training--bad", "training--dim", "training--bar"}
     state: reactive[TrainingState] = reactive(TrainingState)
     profile: reactive[str] = reactive("")
@@ -31,25 +34,63 @@ class TrainingSummary(Widget):
         s = self.state
         if s.status == "idle":
             return Text.assemble(("no run yet", self._style("training--dim")),
-                                 f"\npress t to train ({clean(self.profile)}), r to resume the last run")
-        head = Text(f"● {s.status}", self._style("training--" + STATUS_CLASS.get(s.status, "dim")))
-        head.append(clean(f"  {s.run_id or 'n/a'}  {s.model or 'n/a'} · {s.device or 'n/a'} · {s.strategy or 'n/a'}")
-                    + (f" x{s.world_size}" if s.world_size and s.world_size > 1 else ""))
+                                 f"\npress t to train ({clean(self.profile)}), r to resume the last run, "
+                                 "a to attach to a running one")
         width = max(20, self.size.width)
-        frac = s.fraction
-        progress = Text(f"epoch {s.epoch or 0}/{s.epochs or '?'}  step {s.step or 0}/{s.total_steps or '?'} ")
-        if width >= 70:
-            progress.append(bar(frac, max(4, min(20, width - 64))) + " ", self._style("training--bar"))
-        progress.append(f"{fmt(None if frac is None else frac * 100, '%')}  "
-                        f"{fmt(s.samples_per_s and round(s.samples_per_s), '/s')}  ETA {duration(s.eta_s)}")
-        third = Text(f"loss {fmt(s.loss, '', 4)}  acc {fmt(s.test_acc, '%', 2)}  best {fmt(s.best_acc, '%', 2)}"
-                     f"  {duration(s.elapsed_s)} trained")
-        if s.status == "failed" and s.error:
-            third = Text(clean(s.error), self._style("training--bad"))
-        lines = [head, progress, third]
+        lines = [self._head(s), self._final(s) if s.ended else self._progress(s, width), self._numbers(s)]
         for line in lines:
             line.truncate(width, overflow="ellipsis")
         return Text("\n").join(lines)
+
+    def _head(self, s: TrainingState) -> Text:
+        head = Text(f"● {s.status}", self._style("training--" + STATUS_CLASS.get(s.status, "dim")))
+        what = " · ".join(x for x in (s.model, s.device, s.strategy) if x)  # only what the run said
+        if what and s.world_size and s.world_size > 1:
+            what += f" x{s.world_size}"
+        who = "  ".join(x for x in (s.run_id, what) if x)
+        if not who and s.ended:
+            who = "before the run had started"
+        head.append(clean(f"  {who}" if who else ""))  # names from the run's events: data
+        if s.attached:
+            head.append("  (attached)", self._style("training--dim"))
+        return head
+
+    def _progress(self, s: TrainingState, width: int) -> Text:
+        frac = s.fraction
+        progress = Text(f"epoch {s.epoch or 0}/{s.epochs or '?'}  step {units.count(s.step or 0)}/"
+                        f"{units.count(s.total_steps) if s.total_steps else '?'} ")
+        if width >= 70:
+            progress.append(bar(frac, max(4, min(20, width - 64))) + " ", self._style("training--bar"))
+        progress.append(f"{units.pct(None if frac is None else frac * 100)}  {units.rate(s.samples_per_s)}"
+                        f"  ETA {units.duration(s.eta_s)}")
+        return progress
+
+    def _final(self, s: TrainingState) -> Text:
+        """How the run ended, in place of the progress and the ETA."""
+        where = (f"epoch {s.epoch}/{s.epochs or '?'}, step {units.count(s.step)}" if s.step
+                 else "before its first step")
+        after = f" after {units.duration(s.elapsed_s)}" if s.elapsed_s is not None else ""
+        if s.status == "done":
+            epochs = s.epochs if s.epochs is not None else s.epoch
+            return Text(f"done: {epochs} epoch(s), {units.count(s.step)} steps in {units.duration(s.elapsed_s)}",
+                        self._style("training--ok"))
+        if s.status == "failed":
+            return Text(clean(f"failed: {s.error or 'the run failed'}"), self._style("training--bad"))
+        why = f" ({clean(s.reason)})" if s.reason else ""
+        hint = "; r resumes it" if s.status == "interrupted" else ""
+        return Text(f"{s.status}{why} at {where}{after}{hint}", self._style("training--warn"))
+
+    def _numbers(self, s: TrainingState) -> Text:
+        if s.status == "failed" and not s.step:
+            where = f"exit code {s.exit_code}" if s.exit_code is not None else "no step was trained"
+            return Text(where, self._style("training--dim"))
+        loss = units.NA if s.loss is None else f"{s.loss:.4f}"
+        acc = units.NA if s.test_acc is None else f"{s.test_acc:.2f}%"
+        best = units.NA if s.best_acc is None else f"{s.best_acc:.2f}%"
+        text = f"loss {loss}  acc {acc}  best {best}  {units.duration(s.elapsed_s)} trained"
+        if s.status == "failed":
+            text = f"at epoch {s.epoch}/{s.epochs or '?'}, step {units.count(s.step)}:  " + text
+        return Text(text)
 
 
 class TrainingChart(Widget):
