@@ -143,6 +143,8 @@ def test_zero_gpus_no_driver_and_no_nvidia_smi(tmp_path: Path) -> None:
     assert nodriver.state == HostState.NO_DRIVER and "driver" in (nodriver.message or "")
     missing = parse_report(run_script(tmp_path, None), FIELDS)
     assert missing.state == HostState.NO_NVIDIA_SMI and missing.mem_total_mib
+    # a CPU-only host still gets two CPU readings, so its CPU % is known from the first poll
+    assert missing.cpu_before is not None and missing.cpu_after is not None
 
 
 def test_garbage_and_cut_short_answers() -> None:

@@ -81,7 +81,8 @@ echo '@@gputui 1'
 read -r l < /proc/stat && echo "@@stat0 $l"
 echo '@@meminfo'
 while read -r k v _; do case $k in MemTotal:|MemAvailable:|MemFree:) echo "$k $v kB";; esac; done < /proc/meminfo
-if ! command -v nvidia-smi >/dev/null 2>&1; then echo '@@missing nvidia-smi'; exit 0; fi
+if ! command -v nvidia-smi >/dev/null 2>&1; then sleep 0.2 2>/dev/null || sleep 1
+  read -r l < /proc/stat && echo "@@stat1 $l"; echo '@@missing nvidia-smi'; exit 0; fi
 echo '@@gpu'
 nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1; printf '\\n@@rc %s\\n' $?
 echo '@@apps'
