@@ -230,3 +230,21 @@ def test_a_real_clouds_ssh_cidr_by_flag_or_environment_and_the_error_says_so(
     monkeypatch.setenv("GPUTUI_SSH_CIDR", "198.51.100.9/32")
     assert main(["cloud", "up", "--profile", str(aws.profile), "--yes", "--no-guard"]) == 0
     assert rule() == ["198.51.100.9/32"]
+
+
+def test_the_stop_by_id_and_list_hints_for_a_run_work(sim: None, tmp_path: Path) -> None:
+    from gputui.cloud.leaks import down_ids_command, ls_command
+
+    profile = write_profile(tmp_path / "ids.toml", region="eu-west-1")
+    first, second = up(profile, "--count", "2")
+    settings = load_cloud_settings(profile)
+    ctx = CloudContext(settings, make_provider("sim", settings.region), Ledger(), "ids", "me")
+    try:
+        stop, listing = down_ids_command(ctx, [first]), ls_command(ctx)
+    finally:
+        ctx.ledger.close()
+    listed = run_hint(listing)
+    assert listed.returncode == 0 and first in listed.stdout, (listing, listed.stderr)
+    result = run_hint(stop)
+    assert result.returncode == 0, (stop, result.stderr)
+    assert running() == [second]

@@ -80,6 +80,17 @@ def down_command(ctx: "CloudContext", cluster: str | None = None, yes: bool = Tr
                          cluster=cluster, extra=("--all", *(("--yes",) if yes else ())))
 
 
+def down_ids_command(ctx: "CloudContext", ids: list[str]) -> str:
+    """The command that terminates these instances (by id) of ctx's provider and region."""
+    return cloud_command("down", ctx.provider.name, profile=ctx.settings.source, region=ctx.provider.region,
+                         extra=(*ids, "--yes"))
+
+
+def ls_command(ctx: "CloudContext") -> str:
+    """The command that lists every gputui instance of ctx's provider and region."""
+    return cloud_command("ls", ctx.provider.name, profile=ctx.settings.source, region=ctx.provider.region)
+
+
 def down_commands(records: list[InstanceRecord]) -> str:
     """One stop command per provider and region the records are in, joined by "; "."""
     groups = sorted({(r.provider, r.region) for r in records})
