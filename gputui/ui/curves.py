@@ -101,6 +101,7 @@ class CurvesPanel(Vertical):
 
     def on_mount(self) -> None:
         self.set_interval(self.interval, self._tick, name="curves-redraw")
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.redraw())  # faint colours follow the background
         self.call_after_refresh(self._tick)
 
     # data in: cheap -------------------------------------------------------------------------------
@@ -221,12 +222,13 @@ class CurvesPanel(Vertical):
             plt.ylabel("test acc (%)", yside="right")
         plt.xlabel(X_LABELS[self.axis])
         self.query_one("#curves-legend", Static).update(self._legend(shown, bool(xs_all)))
+        plot.display = bool(lines)  # no empty frame before the first point
         plot.refresh()
 
     def _legend(self, shown: Sequence[str], any_points: bool) -> Text:
         text = Text(no_wrap=False)
         if not shown and not self.overlays:
-            text.append("no curves yet", "dim")
+            return Text("no curves yet: they start with the run's first step", "dim")
         for name in shown:
             text.append("━ ", _rgb(COLOURS[name]))
             text.append(SERIES_LABELS[name] + "  ")
