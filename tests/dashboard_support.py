@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -13,7 +15,7 @@ from rich.console import Console
 
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.dashboard.setup import Backend, DashboardOptions, resolve_profile
-from gputui.model.telemetry import HostSnapshot
+from gputui.model.telemetry import HostSnapshot, round_from_dict
 from gputui.sources.sim import SimSource
 
 
@@ -97,3 +99,47 @@ class HangingProvider(SimProvider):
         self.launching.set()
         self.release.wait(60)
         return super().launch(request)
+
+
+# The H100 fixtures (tests/fixtures/h100, copies of what a real H100 printed): a `gputui monitor
+# --once --json` round taken while training, and the JSON events of a 40-epoch run on it.
+H100 = Path(__file__).resolve().parent / "fixtures" / "h100"
+
+
+def h100_events() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (H100 / "run-seed-40-epochs.jsonl").read_text().splitlines() if line.strip()]
+
+
+class RecordedSource:
+    """A telemetry source that answers every poll with the H100's recorded round (hosts named in
+    `names`: one copy of the recorded host each), stamped with the test's clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, names: Sequence[str] = ("vm",)) -> None:
+        doc = json.loads((H100 / "monitor-once-training.json").read_text())
+        self.host = round_from_dict(doc)[0]
+        self.names = tuple(names)
+        self.clock = clock
+
+    def poll(self) -> list[HostSnapshot]:
+        return [replace(self.host, name=name, time=self.clock()) for name in self.names]
+
+    def close(self) -> None:
+        pass
+
+
+def svg_text(svg: str) -> str:
+    """A snapshot SVG's screen as text, each run of text placed at its column (what a reader
+    of the SVG sees, with the spaces between differently styled runs kept)."""
+    import html
+    import re
+
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for match in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)" textLength="[\d.]+"[^>]*>([^<]*)</text>', svg):
+        rows.setdefault(float(match.group(2)), []).append((float(match.group(1)), html.unescape(match.group(3))))
+    lines = []
+    for y in sorted(rows):
+        line = ""
+        for x, text in sorted(rows[y]):
+            line = line.ljust(round(x / 12.2)) + text.replace("\xa0", " ")
+        lines.append(line.rstrip())
+    return "\n".join(lines)

@@ -1,28 +1,43 @@
-"""Snapshots of the main screen and the help screen at 120x40: seeded simulated hosts and
-cloud, a frozen clock, and the events of a real recorded run (tests/data/seed_run_events.jsonl).
+"""Snapshots of the dashboard at the four sizes the README names (80x24, 100x30, 120x40, 200x50),
+fed from the H100 fixtures (tests/fixtures/h100: the `gputui monitor --once --json` round taken
+while training, and the JSON events of the 40-epoch run replayed through the training fold),
+plus a 2-node simulated cluster with a spot slave, the help screen, and the light theme. A
+frozen clock and polls only when the test asks keep every frame the same each time.
 
-Update after a deliberate change of the look: `python -m pytest tests/test_dashboard_snapshots.py --snapshot-update`.
+Beside each snapshot, plain assertions read the screen as text, so that a failure says which
+value is missing or cut (the snapshots say only that something changed).
+
+Update after a deliberate change of the look:
+`python -m pytest tests/test_dashboard_snapshots.py --snapshot-update`.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import time
 from typing import Any
 
 import pytest
 
 from gputui.ui.app import DashboardApp, create_app
+from gputui.ui.base import LIGHT_THEME
+from gputui.ui.events_panel import EventsLog
+from gputui.ui.hosts_panel import HostsView
+from gputui.ui.screens import HelpScreen
 from gputui.ui.training_actions import post_events
-from tests.conftest import REPO
-from tests.dashboard_support import Clock, make_backend, sim_provider, wait_for
+from gputui.units import duration
+from tests.dashboard_support import (Clock, RecordedSource, drive, h100_events, make_backend, screen_text,
+                                     sim_provider, wait_for)
 
-EVENTS = [json.loads(line) for line in (REPO / "tests" / "data" / "seed_run_events.jsonl").read_text().splitlines()]
-SIZE = (120, 40)
+SIZES = [(80, 24), (100, 30), (120, 40), (200, 50)]
+IDS = [f"{w}x{h}" for w, h in SIZES]
+EVENTS = h100_events()
+# Replayed up to the end of epoch 30 of 40: the run is going, so the ETA shows.
+CUT = next(i for i, e in enumerate(EVENTS) if e["event"] == "epoch" and e["epoch"] == 30) + 1
 
 
 @pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch) -> Any:
+def utc(monkeypatch: pytest.MonkeyPatch, gputui_home: Any) -> Any:
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield
@@ -30,30 +45,175 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Any:
     time.tzset()
 
 
-def frozen_app() -> DashboardApp:
+def h100_app(hosts: tuple[str, ...] = ("vm",)) -> DashboardApp:
+    """The H100 machine's dashboard (profile local.toml: no cloud), polls an hour apart."""
     clock = Clock()
-    # Polls only when the test asks (an hour apart otherwise), so every reading is the same each time.
+    return create_app(make_backend(demo=False, source=RecordedSource(clock, hosts), clock=clock, interval=3600))
+
+
+def cluster_app() -> DashboardApp:
+    clock = Clock()
     return create_app(make_backend(provider=sim_provider(clock), clock=clock, interval=3600, sim_hosts=2, sim_gpus=4))
 
 
-async def settle(pilot: Any) -> None:
-    """First polls, a slave launched with u, six rounds of telemetry, half of a recorded run."""
+async def polls(pilot: Any, rounds: int) -> None:
     app = pilot.app
-    await wait_for(pilot, lambda: app.hosts_polls >= 1 and app.cloud_polls >= 1)
-    await pilot.press("u")
-    await wait_for(pilot, lambda: app.cloud_polls >= 2 and app.cost_frame and app.cost_frame.live)
-    for n in range(2, 8):
+    await wait_for(pilot, lambda: app.hosts_polls >= 1 and app.cloud_polls >= 1, what="the first polls")
+    for n in range(2, rounds + 1):  # a few rounds: the sparklines have points
         app.poll_hosts()
-        await wait_for(pilot, lambda: app.hosts_polls >= n)
-    cut = 25  # the events go through the same fold and messages as a child's
-    post_events(EVENTS[:cut], app.post_message, app.generation)
-    await wait_for(pilot, lambda: app.training.step == EVENTS[cut - 1]["step"])
+        await wait_for(pilot, lambda: app.hosts_polls >= n, what=f"telemetry round {n}")
+
+
+async def replay(pilot: Any, events: list[dict[str, Any]]) -> None:
+    app = pilot.app
+    post_events(events, app.post_message, app.generation)  # the same fold and messages as a followed run's
+    await wait_for(pilot, lambda: app.training.step == events[-1]["step"], what="the replayed events")
+    await pilot.pause(0.2)
+    for curves in app.query("CurvesPanel"):  # the curves redraw on a timer: draw the last state now
+        curves.redraw()
     await pilot.pause(0.2)
 
 
-def test_main_screen(snap_compare: Any) -> None:
-    assert snap_compare(frozen_app(), terminal_size=SIZE, run_before=settle)
+async def settle_h100(pilot: Any) -> None:
+    await polls(pilot, 6)
+    await replay(pilot, EVENTS[:CUT])
 
 
-def test_help_screen(snap_compare: Any) -> None:
-    assert snap_compare(frozen_app(), press=["question_mark"], terminal_size=SIZE, run_before=settle)
+async def settle_cluster(pilot: Any) -> None:
+    """First polls, a spot slave launched with u, six rounds of telemetry, 30 epochs of the H100 run."""
+    app = pilot.app
+    await wait_for(pilot, lambda: app.hosts_polls >= 1 and app.cloud_polls >= 1, what="the first polls")
+    await pilot.press("u")
+    await wait_for(pilot, lambda: app.cloud_polls >= 2 and app.cost_frame and app.cost_frame.live, what="the slave")
+    await polls(pilot, 6)
+    await replay(pilot, EVENTS[:CUT])
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_h100_dashboard(snap_compare: Any, size: tuple[int, int]) -> None:
+    assert snap_compare(h100_app(), terminal_size=size, run_before=settle_h100)
+
+
+def test_cluster_with_a_spot_slave(snap_compare: Any) -> None:
+    assert snap_compare(cluster_app(), terminal_size=(120, 40), run_before=settle_cluster)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_help_screen(snap_compare: Any, size: tuple[int, int]) -> None:
+    assert snap_compare(h100_app(), press=["question_mark"], terminal_size=size, run_before=settle_h100)
+
+
+def test_light_theme(snap_compare: Any) -> None:
+    assert snap_compare(h100_app(), press=["L"], terminal_size=(120, 40), run_before=settle_h100)
+
+
+# Plain assertions: whole values on the screen at every size ------------------------------------
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_every_size_shows_whole_values(size: tuple[int, int]) -> None:
+    app = h100_app()
+
+    async def scenario(pilot: Any) -> str:
+        await settle_h100(pilot)
+        return screen_text(app)
+
+    text = drive(app, scenario, size=size)
+    eta = app.training.eta_s
+    assert eta is not None and eta > 0, "the replay stops mid-run: there is an ETA"
+    wanted = {
+        "the footer's quit key": "q Quit", "the footer's help key": "? Help",
+        "the GPU model on the host line": "vm · H100 80GB HBM3", "host CPU": "cpu 10%",
+        "GPU power of its limit": "118/700 W", "GPU memory": "1.1/80 GiB", "GPU temperature": "35°C",
+        "the ETA": f"ETA {duration(eta)}", "the status line's words apart": "gputui · profile local.toml",
+    }
+    missing = {what: value for what, value in wanted.items() if value not in text}
+    assert not missing, f"at {size[0]}x{size[1]} the screen lacks {missing}:\n{text}"
+    assert not re.search(r"\d…", text), f"a number cut by an ellipsis at {size}:\n{text}"
+
+
+def test_at_80x24_six_hosts_scroll_with_the_keyboard() -> None:
+    app = h100_app(("vm", "node-1", "node-2", "node-3", "node-4", "node-5"))
+
+    async def scenario(pilot: Any) -> None:
+        await settle_h100(pilot)
+        hosts = app.query_one(HostsView)
+        assert app.focused is hosts, "the hosts panel has the focus first"
+        before = screen_text(app)
+        assert "node-5" not in before, "six hosts do not fit 80x24 (else this test shows nothing)"
+        await pilot.press("end")
+        assert hosts.scroll_offset.y > 0 and "node-5 · H100 80GB HBM3" in screen_text(app), screen_text(app)
+        await pilot.press("home", "pagedown")
+        assert hosts.scroll_offset.y > 0
+        await pilot.press("tab", "tab")  # to the slaves table, then the events: the screen scrolls to them
+        assert isinstance(app.focused, EventsLog), app.focused
+        text = screen_text(app)
+        assert "Events" in text and "q Quit" in text, text
+        await pilot.press("shift+tab", "shift+tab")
+        assert app.focused is hosts and "Hosts & GPUs" in screen_text(app)
+
+    drive(app, scenario, size=(80, 24))
+
+
+def test_the_help_scrolls_at_80x24() -> None:
+    app = h100_app()
+
+    async def scenario(pilot: Any) -> None:
+        await polls(pilot, 1)
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        await pilot.pause()
+        last = "Esc, ? or q closes this help."
+        assert last not in screen_text(app), "the help fits 80x24 (then this test shows nothing)"
+        await pilot.press("end")
+        await pilot.pause()
+        assert last in screen_text(app), screen_text(app)
+        await pilot.press("escape")
+
+    drive(app, scenario, size=(80, 24))
+
+
+def test_the_events_log_rewraps_to_its_width() -> None:
+    app = h100_app()
+    long = "slave i-0abc said: " + " ".join(f"word{n}" for n in range(25))  # about 170 characters
+
+    async def scenario(pilot: Any) -> list[int]:
+        await polls(pilot, 1)
+        app.log_event(long)
+        await pilot.pause()
+        log = app.query_one(EventsLog)
+        rows = []
+        for width, height in ((200, 50), (80, 24), (200, 50)):
+            await pilot.resize_terminal(width, height)
+            await pilot.pause(0.2)
+            rows.append(sum(1 for strip in log.lines if "word" in strip.text))
+        last = [strip.text for strip in log.lines][-1]
+        assert "word24" in last
+        return rows
+
+    wide, narrow, wide_again = drive(app, scenario, size=(200, 50))
+    assert wide == 1 and narrow >= 3 and wide_again == 1, (wide, narrow, wide_again)
+
+
+def test_l_switches_to_the_light_theme_and_back() -> None:
+    app = h100_app()
+
+    async def scenario(pilot: Any) -> list[str]:
+        await polls(pilot, 1)
+        seen = [app.theme]
+        await pilot.press("L")
+        seen.append(app.theme)
+        await pilot.press("L")
+        seen.append(app.theme)
+        return seen
+
+    dark, light, back = drive(app, scenario)
+    assert light == LIGHT_THEME and dark == back != LIGHT_THEME
+
+
+def test_the_light_flag_is_parsed_on_gputui_and_gputui_ui() -> None:
+    from gputui.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--light"]).light is True
+    assert parser.parse_args(["ui", "--light"]).light is True
+    assert parser.parse_args([]).light is False

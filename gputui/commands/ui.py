@@ -9,13 +9,15 @@ from typing import Any
 
 
 def add_flags(parser: argparse.ArgumentParser, top_level: bool) -> None:
-    """--profile and --demo, on `gputui` itself and on `gputui ui`."""
+    """--profile, --demo and --light, on `gputui` itself and on `gputui ui`."""
     # A subcommand's defaults would overwrite the top level's values: it sets none (SUPPRESS).
     default: Any = None if top_level else argparse.SUPPRESS
     parser.add_argument("--profile", dest="ui_profile", type=Path, default=default, metavar="FILE",
                         help="dashboard: profile to open (default: profiles/local.toml)")
     parser.add_argument("--demo", action="store_true", default=False if top_level else argparse.SUPPRESS,
                         help="dashboard: simulated hosts, GPUs, spot slaves and prices; real training on this CPU")
+    parser.add_argument("--light", action="store_true", default=False if top_level else argparse.SUPPRESS,
+                        help="dashboard: the light theme, for light terminals (L switches while it runs)")
 
 
 def register(subparsers: Any) -> None:
@@ -50,6 +52,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from gputui.ui.app import create_app
 
     app = create_app(Backend(options))
+    if getattr(args, "light", False):
+        from gputui.ui.base import LIGHT_THEME
+
+        app.theme = LIGHT_THEME
     # `kill PID` quits like q with "keep": the run checkpoints, the slaves stay (they are in the ledger).
     previous = signal.signal(signal.SIGTERM, lambda *_: app.call_later(app.finish, "gputui: stopped by SIGTERM"))
     try:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from textual.app import App
 from textual.timer import Timer
 
-from gputui.dashboard.cost import CostFrame
+from gputui.dashboard.cost import CostFrame, LaunchPreview, launch_preview
 from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.setup import Backend
 from gputui.dashboard.training import TrainingState
@@ -34,13 +35,22 @@ if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
     from gputui.dashboard.slaves import SlaveControl
 
 
+PREVIEW_EVERY_S = 60.0  # how often the cloud poll prices the next `u` again
+LIGHT_THEME, DARK_THEME = "textual-light", "textual-dark"
+
+
 class DashboardBase(App[None]):
+    # Size classes on the screen (gputui.ui's docstring: what each size shows); dashboard.tcss uses them.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-mid"), (40, "-tall")]
     child: "TrainingChild | None" = None
     generation = 0  # which training child messages come from (a new run ignores the old one's)
     quitting = False
 
     def __init__(self, backend: Backend) -> None:
         super().__init__()
+        self._preview: tuple[float, object, LaunchPreview | None] | None = None  # (when, for whom, what): the next `u`
+        self._confirm: tuple[object, bool] | None = None  # (profile, [ui] confirm)
         self.exit_message: str | None = None
         self.backend = backend
         self.clock = backend.clock
@@ -106,10 +116,54 @@ class DashboardBase(App[None]):
                                              "table (p: pick a profile with one, e.g. aws-spot.toml)"))
                 return
             frame = slaves.poll()
+            frame = replace(frame, next_launch=self._next_launch(slaves))
         except GputuiError as exc:
             self.post_message(CostPolled(None, error=f"cloud: {exc}"))
             return
         self.post_message(CostPolled(frame))
+
+    def _next_launch(self, slaves: "SlaveControl") -> LaunchPreview | None:
+        """In the cloud worker: what `u` would launch (priced again every PREVIEW_EVERY_S)."""
+        now = time.monotonic()
+        if self._preview is None or self._preview[1] is not slaves or now - self._preview[0] >= PREVIEW_EVERY_S:
+            try:
+                self._preview = (now, slaves, launch_preview(slaves.ctx))
+            except GputuiError:
+                self._preview = (now, slaves, None)
+        return self._preview[2]
+
+    def ui_confirm(self) -> bool:
+        """The profile's [ui] confirm: u and d ask first (read again when the profile changes)."""
+        from gputui.profiles import load_profile
+
+        profile = self.backend.profile
+        if self._confirm is None or self._confirm[0] != profile:
+            try:
+                table = load_profile(profile).tables.get("ui") or {}
+            except GputuiError:
+                table = {}
+            self._confirm = (profile, bool(table.get("confirm", False)))
+            self.panel(CostPanel).confirm = self._confirm[1]
+        return self._confirm[1]
+
+    def launched_note(self, slaves: "SlaveControl", ids: list[str]) -> str:
+        """In the launch worker: what `u` did, from the ledger ("u: launched i-0abc, g4dn.xlarge spot
+        in us-east-1c at $0.2042/h")."""
+        from gputui.units import per_hour
+
+        ctx = slaves.ctx
+        records = {r.instance_id: r for r in ctx.ledger.instances(ctx.provider.name, ctx.provider.region,
+                                                                  cluster=ctx.cluster)}
+        parts = []
+        for instance_id in ids:
+            r = records.get(instance_id)
+            parts.append(instance_id if r is None else
+                         f"{instance_id}, {r.instance_type} {r.lifecycle} in {r.zone} at {per_hour(r.hourly_price)}")
+        return "u: launched " + ("; ".join(parts) if parts else "nothing")
+
+    def action_toggle_theme(self) -> None:
+        """L: the light theme for light terminals, and back."""
+        self.theme = DARK_THEME if self.theme == LIGHT_THEME else LIGHT_THEME
 
     def show_training(self) -> None:
         self.panel(TrainingPanel).show(self.training, self.backend.profile.name)
@@ -117,5 +171,6 @@ class DashboardBase(App[None]):
 
     def show_cost(self) -> None:
         frame = None if self.cloud_disabled else self.cost_frame
+        self.ui_confirm()  # the preview says whether u and d ask first
         self.panel(CostPanel).show(frame, self.training.eta_s, self.cost_note)
 

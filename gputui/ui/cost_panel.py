@@ -1,21 +1,63 @@
-"""Cost: spent so far, $/h now, projected to the run's end, a budget gauge, one row per slave."""
+"""Cost: spent so far, $/h now, projected to the run's end, a budget gauge, one row per slave,
+and what `u` and `d` will do before they are pressed (instance type, zone and $/h; the
+selected slave and its spend).
+
+Wide (120 columns or more), the summary sits left of the slaves table, one figure a line;
+narrower, the summary packs its figures into two lines above the table. Ids, types, zones
+and states come from the cloud: rich Text, never markup.
+"""
 
 from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
+from textual.widgets import DataTable
 
-from gputui.dashboard.cost import CostFrame, SlaveLine, money
+from gputui import units
+from gputui.dashboard.cost import CostFrame, SlaveLine
 from gputui.model.text import clean
+from gputui.ui.draw import bar
 from gputui.ui.tables import KeyedTable
-from gputui.ui.draw import bar, duration
 
 COLUMNS = ("id", "type", "zone", "state", "up", "$/h", "cost")
 LEVEL_CLASS = {"ok": "cost--ok", "warn": "cost--warn", "stop": "cost--bad"}
+PACKED_FROM = 48  # a summary this wide or wider packs two figures a line (the narrow layouts)
+LABEL_W = 10
+
+
+def slaves_word(n: int) -> str:
+    return f"{n} slave" + ("" if n == 1 else "s")
+
+
+def launch_text(frame: CostFrame | None, confirm: bool = False, verb: str = "u launches") -> str:
+    """What `u` will do: "u launches 1 × g4dn.xlarge spot in us-east-1c at $0.2042/h"."""
+    ask = " (asks first)" if confirm else ""
+    p = frame.next_launch if frame is not None else None
+    if p is None:
+        what = clean(frame.instance_type) if frame is not None else "slave"
+        return f"{verb} 1 × {what}{ask} (price: asking the cloud ...)"
+    return f"{verb} 1 × {clean(p.instance_type)} {p.market} in {clean(p.zone)} at {units.per_hour(p.usd_per_hour)}{ask}"
+
+
+def slave_text(frame: CostFrame, instance_id: str | None) -> str | None:
+    """A slave in a few words: "i-0abc (g4dn.xlarge, up 2m06s, $0.0034 spent)"; None if not in the frame."""
+    slave = next((s for s in frame.slaves if s.instance_id == instance_id), None)
+    if slave is None:
+        return None
+    return (f"{clean(slave.instance_id)} ({clean(slave.instance_type)}, up {units.duration(slave.uptime_s(frame.time))}, "
+            f"{units.money(slave.cost_usd)} spent)")
+
+
+def terminate_text(frame: CostFrame, selected: str | None, confirm: bool = False) -> str:
+    """What `d` will do: "d terminates i-0abc (g4dn.xlarge, up 2m06s, $0.0034 spent)"."""
+    what = slave_text(frame, selected)
+    if what is None:
+        return "d: no slave selected"
+    return f"d terminates {what}" + (" (asks first)" if confirm else "")
 
 
 class CostSummary(Widget):
@@ -27,29 +69,59 @@ class CostSummary(Widget):
     def _style(self, name: str) -> Style:
         return self.get_component_rich_style(name, partial=True)
 
-    def render(self) -> Text:
-        f = self.frame
-        if f is None:
-            return Text(clean(self.note), self._style("cost--dim"))
-        width = max(20, self.size.width)
+    def _figures(self, f: CostFrame, gauge_w: int) -> list[tuple[str, Text]]:
         projected = f.projected(self.eta_s)
         level = self._style(LEVEL_CLASS[f.budget.level])
-        rows = [
-            ("spent", Text(money(f.budget.spent_usd))),
-            ("now", Text(f"{money(f.usd_per_hour, 2)}/h, {len(f.live)} slave(s)")),
-            ("projected", Text(f"{money(projected)} at run end" if projected is not None else "n/a (no run)")),
-            ("budget", Text.assemble((bar(min(1.0, f.budget.fraction), max(4, width - 24), fill="░"), level),
-                                     (f" {f.budget.fraction:4.0%} of {money(f.budget.budget_usd, 2)}", level))),
-            ("", Text(clean(self.note or f"{f.cluster} @ {f.provider} {f.region}"),
-                      self._style("cost--warn" if self.note else "cost--dim"))),
+        return [
+            ("spent", Text(units.money(f.budget.spent_usd))),
+            ("now", Text(f"{units.per_hour(f.usd_per_hour)} · {slaves_word(len(f.live))}")),
+            ("projected", Text(f"{units.money(projected)} at run end" if projected is not None else "n/a (no run)")),
+            ("budget", Text.assemble((bar(min(1.0, f.budget.fraction), gauge_w, fill="░"), level),
+                                     (f" {units.pct(100.0 * f.budget.fraction)} of {units.money(f.budget.budget_usd)}",
+                                      level))),
         ]
-        lines = []
-        for label, value in rows:
-            line = Text(f"{label:<10}", self._style("cost--label"))
-            line.append_text(value)
+
+    def render(self) -> Text:
+        f = self.frame
+        width = max(20, self.size.width)
+        if f is None:
+            return Text(clean(self.note), self._style("cost--dim"))
+        note = Text(clean(self.note or f"{f.cluster} @ {f.provider} {f.region}"),
+                    self._style("cost--warn" if self.note else "cost--dim"))
+        label = self._style("cost--label")
+        lines: list[Text] = []
+        if width >= PACKED_FROM:  # two figures a line, the budget and the cluster on the second
+            first, second = Text(), Text()
+            spent, now, projected, _budget = self._figures(f, 0)
+            for name, value in (spent, now, projected):
+                if first:
+                    first.append(" · ", label)
+                first.append(f"{name} ", label)
+                first.append_text(value)
+            second.append("budget ", label)
+            second.append_text(self._figures(f, max(4, min(20, width // 5)))[3][1])
+            second.append(" · ", label)
+            second.append_text(note)
+            lines = [first, second]
+        else:
+            for name, value in self._figures(f, max(4, width - LABEL_W - 16)):
+                line = Text(f"{name:<{LABEL_W}}", label)
+                line.append_text(value)
+                lines.append(line)
+            lines.append(note)
+        for line in lines:
             line.truncate(width, overflow="ellipsis")
-            lines.append(line)
         return Text("\n").join(lines)
+
+
+class CostPreview(Widget):
+    """What `u` and `d` will do, from the last cost frame and the selected row; wraps to its width."""
+
+    COMPONENT_CLASSES = {"cost--dim", "cost--key"}
+    text: reactive[str] = reactive("")
+
+    def render(self) -> Text:
+        return Text(self.text, self.get_component_rich_style("cost--key", partial=True))
 
 
 def slave_cells(slave: SlaveLine, now: float, region: str, wide: bool) -> tuple[Text, ...]:
@@ -57,13 +129,13 @@ def slave_cells(slave: SlaveLine, now: float, region: str, wide: bool) -> tuple[
     (a DataTable reads a plain string as markup)."""
     zone = slave.zone if wide or not slave.zone.startswith(region) else slave.zone[len(region) - 1:]
     cells = (slave.instance_id + (" (orphan)" if slave.orphan else ""), slave.instance_type, zone, slave.state,
-             duration(slave.uptime_s(now)), money(slave.usd_per_hour, 3)[1:] if slave.usd_per_hour is not None else "n/a",
-             money(slave.cost_usd, 4))
+             units.duration(slave.uptime_s(now)), units.money(slave.usd_per_hour), units.money(slave.cost_usd))
     return tuple(Text(clean(cell) + " ") for cell in cells)
 
 
 class SlavesTable(KeyedTable):
-    """One row per slave, keyed by instance id; the cursor row is the selected slave."""
+    """One row per slave, keyed by instance id; the cursor row is the selected slave. A cell that
+    grows ("shutting-down") widens its column: nothing is cut."""
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -81,7 +153,7 @@ class SlavesTable(KeyedTable):
             cells = slave_cells(slave, frame.time, frame.region, wide)
             if slave.instance_id in present:
                 for column, value in zip(COLUMNS, cells):
-                    self.update_cell(slave.instance_id, column, value)
+                    self.update_cell(slave.instance_id, column, value, update_width=True)
             else:
                 self.add_row(*cells, key=slave.instance_id)
 
@@ -90,13 +162,35 @@ class SlavesTable(KeyedTable):
         return self.selected_key
 
 
-class CostPanel(Horizontal):
+class CostPanel(Vertical):
+    confirm = False  # the profile's [ui] confirm: the preview says u and d ask first
+
     def compose(self) -> ComposeResult:
-        yield CostSummary(id="cost-summary")
-        yield SlavesTable(id="slaves", cell_padding=0)
+        with Horizontal(id="cost-top"):
+            yield CostSummary(id="cost-summary")
+            yield SlavesTable(id="slaves", cell_padding=0)
+        yield CostPreview(id="cost-preview")
 
     def show(self, frame: CostFrame | None, eta_s: float | None, note: str) -> None:
         summary = self.query_one(CostSummary)
         summary.frame, summary.eta_s, summary.note = frame, eta_s, note
+        self._frame = frame
+        table = self.query_one(SlavesTable)
+        table.display = frame is not None  # no cloud (or none yet): the note alone
         if frame is not None:
-            self.query_one(SlavesTable).show(frame)
+            table.show(frame)
+        self.update_preview()
+
+    def update_preview(self) -> None:
+        frame: CostFrame | None = getattr(self, "_frame", None)
+        preview = self.query_one(CostPreview)
+        if frame is None:
+            preview.text = ""
+            preview.display = False
+            return
+        preview.display = True
+        selected = self.query_one(SlavesTable).selected
+        preview.text = f"{launch_text(frame, self.confirm)} · {terminate_text(frame, selected, self.confirm)}"
+
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.update_preview()

@@ -1,9 +1,12 @@
-"""Small text drawings the panels share: bars, sparklines, durations. Pure functions (rich only)."""
+"""Small text drawings the panels share: bars and sparklines. Pure functions. Numbers are
+formatted by gputui.units, the one place for display formats."""
 
 from __future__ import annotations
 
 import math
 from typing import Sequence
+
+from gputui import units
 
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -37,16 +40,5 @@ def sparkline(values: Sequence[float | None], width: int, top: float = 100.0) ->
 
 
 def duration(seconds: float | None) -> str:
-    """12s, 4m05s, 2h03m; "n/a" when unknown."""
-    if seconds is None:
-        return "n/a"
-    seconds = int(max(0.0, seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def gib(mib: float | None) -> str:
-    return "n/a" if mib is None else f"{mib / 1024:.0f}" if mib >= 10240 else f"{mib / 1024:.1f}"
+    """12s, 4m05s, 2h03m; "n/a" when unknown (gputui.units.duration, the one format)."""
+    return units.duration(seconds)

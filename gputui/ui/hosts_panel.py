@@ -1,35 +1,78 @@
-"""Hosts and GPUs: per host its state, per GPU utilisation and memory bars, temperature,
-power and a utilisation sparkline. Draws a HostsFrame; never polls anything itself.
+"""Hosts and GPUs: per host its state, GPU model, CPU and RAM; per GPU utilisation and memory
+(bars and figures), temperature, power of its limit and a utilisation sparkline. Draws a
+HostsFrame; never polls anything itself.
 
 A Line API widget (like Textual's Log): only the visible lines become strips, and each
 line is built from segments directly, so a refresh a second of 32 GPUs stays cheap. Names and
 messages come from remote hosts: they are cleaned of control characters (segments are never
-markup), and a line too long for the panel ends in an ellipsis.
+markup). Focus it (Tab or a click) and the arrows, PgUp/PgDn, Home/End scroll it.
+
+What a narrow panel drops first (see gputui.ui's docstring for the whole order): the
+sparkline, then the per-GPU name column (the model stays on the host line), then the two
+bars; the figures (utilisation, memory, temperature, power) are never dropped nor cut. On the
+host line RAM goes first, then CPU; the name and the GPU model stay. A reason (an unreachable
+host's error) wraps onto the next lines rather than being cut.
 """
 
 from __future__ import annotations
 
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from gputui import units
 from gputui.dashboard.hosts import HostsFrame
-from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, fmt, throttle_text
+from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, throttle_text
 from gputui.model.text import clean
-from gputui.ui.draw import bar, gib, sparkline
+from gputui.ui.draw import bar, sparkline
 
-FIXED_W = 32  # every column of a GPU row but the name, the two bars, the throttle reasons and the sparkline
 BUSY_PCT = 5.0  # a GPU this busy or more that is throttled shows why (an idle GPU's clocks are low anyway)
+HOT_C = 83.0
+SEP = " · "
+# The figures of a GPU row, never dropped: index, util %, memory, temperature, power (widths padded).
+IDX_W, UTIL_W, MEM_W, TEMP_W, POWER_W = 2, 5, 11, 5, 10
+FIXED_W = IDX_W + UTIL_W + MEM_W + TEMP_W + POWER_W
+MAX_BAR, MAX_NAME, MAX_SPARK = 16, 18, 60
+MAX_MODEL = 32  # the host line's GPU model ("8× RTX 6000 Ada Generation" fits; a longer one ends in …)
+REASON_LINES = 3  # an unreachable host's reason wraps onto at most this many lines
 Line = list[tuple[str, Style | None]]
 
 
 def short_name(name: str | None) -> str:
     if not name:
-        return "n/a"
-    return clean(name).replace("NVIDIA ", "").replace(" (simulated)", "")
+        return units.NA
+    return clean(name).replace("NVIDIA ", "").replace(" (simulated)", "").strip() or units.NA
+
+
+def gpu_model(host: HostSnapshot) -> str:
+    """The host's GPUs in a few words: "H100 80GB HBM3", "8× A100-SXM4-80GB", "no GPU"."""
+    if not host.gpus:
+        return "no GPU"
+    names = list(dict.fromkeys(short_name(g.name) for g in host.gpus))
+    if len(names) == 1:
+        text = names[0] if len(host.gpus) == 1 else f"{len(host.gpus)}× {names[0]}"
+    else:
+        text = " + ".join(names)
+    return text if len(text) <= MAX_MODEL else text[: MAX_MODEL - 1] + "…"
+
+
+def gpu_layout(width: int, throttle: str, name: str) -> tuple[int, int, int, int]:
+    """How the optional parts of a GPU row share what the figures leave: (throttle, bar, name,
+    sparkline) widths. Added in this order, so a narrower panel drops them in reverse.
+    Each width counts the part's leading space."""
+    rest = width - FIXED_W
+    throttle_w = min(len(throttle) + 1, max(0, rest)) if throttle else 0
+    rest -= throttle_w
+    bar_w = min(MAX_BAR, rest // 4) if rest >= 12 else 0
+    rest -= 2 * bar_w
+    name_w = min(MAX_NAME, len(name) + 1) if rest >= 2 * min(MAX_NAME, len(name) + 1) else 0
+    rest -= name_w
+    spark_w = min(MAX_SPARK, rest) if rest >= 6 else 0
+    return throttle_w, bar_w, name_w, spark_w
 
 
 class HostsView(ScrollView, can_focus=True):
@@ -66,24 +109,39 @@ class HostsView(ScrollView, can_focus=True):
             self._styles[name] = self.get_component_rich_style(name, partial=True)
         return self._styles[name]
 
+    @property
+    def text_lines(self) -> list[str]:
+        """Every line as plain text (the tests read it)."""
+        return ["".join(text for text, _style in line) for line in self._lines]
+
     def _rebuild(self) -> None:
         if not self.is_mounted:
             return
         width = max(20, self.scrollable_content_region.width)
         lines: list[Line] = []
         if self.frame is None:
-            lines.append([(clean(self.error or "waiting for the first round of telemetry ..."), self._style("hosts--dim"))])
+            lines += self._wrapped(self.error or "waiting for the first round of telemetry ...", width, "hosts--dim")
         else:
             for host in self.frame.hosts:
-                lines.append(self._host_line(host))
+                lines += self._host_lines(host, width)
                 lines.extend(self._gpu_line(host, gpu, width) for gpu in host.gpus)
             if not self.frame.hosts:
                 lines.append([("no hosts", self._style("hosts--dim"))])
             if self.error:
-                lines.append([(clean(self.error), self._style("hosts--bad"))])
+                lines += self._wrapped(self.error, width, "hosts--bad")
         self._lines, self._strips, self._built_width = lines, {}, width
         self.virtual_size = Size(width, len(lines))
         self.refresh()
+
+    def _wrapped(self, text: str, width: int, style: str, indent: int = 0, most: int = 0) -> list[Line]:
+        """`text` (data: cleaned, never markup) folded at word boundaries to `width`."""
+        body = Text(clean(text))
+        folded = body.wrap(self.app.console, max(10, width - indent), overflow="fold")
+        pieces = [line.plain.rstrip() for line in folded] or [""]
+        if most and len(pieces) > most:
+            pieces = pieces[:most]
+            pieces[-1] = pieces[-1][: max(0, width - indent - 1)] + "…"
+        return [[(" " * indent + piece, self._style(style))] for piece in pieces]
 
     def render_line(self, y: int) -> Strip:
         index = self.scroll_offset.y + y
@@ -100,40 +158,55 @@ class HostsView(ScrollView, can_focus=True):
             self._strips[index] = strip
         return strip.crop(0, width).apply_offsets(0, index)
 
-    def _host_line(self, host: HostSnapshot) -> Line:
+    def _host_lines(self, host: HostSnapshot, width: int) -> list[Line]:
+        """The host's line; a reason that does not fit wraps onto the next lines (indented)."""
         good = host.state.worked
-        line: Line = [("● " if good else "✖ ", self._style("hosts--ok" if good else "hosts--bad")),
+        head: Line = [("● " if good else "✖ ", self._style("hosts--ok" if good else "hosts--bad")),
                       (clean(host.name), self._style("hosts--name"))]
+        used = 2 + len(head[1][0])
         if host.state is HostState.OK:
-            detail = f"  cpu {fmt(host.cpu_pct, '%')}  mem {gib(host.mem_used_mib)}/{gib(host.mem_total_mib)} GiB"
-            line.append((detail + (f"  {clean(host.message)}" if host.message else ""), self._style("hosts--dim")))
-        else:
-            reason = f": {clean(host.message)}" if host.message else ""
-            line.append((f"  {host.state.value}{reason}", self._style("hosts--dim" if good else "hosts--bad")))
-        return line
+            # Separators start each part, so a part never runs into the name: "vm · H100 ... · cpu 10%".
+            parts = [gpu_model(host), f"cpu {units.pct(host.cpu_pct)}",
+                     f"RAM {units.mem(host.mem_used_mib, host.mem_total_mib)}"]
+            detail = ""
+            for part in parts:  # in order of importance: what does not fit is dropped from the end
+                if used + len(detail) + len(SEP) + len(part) <= width or not detail:
+                    detail += SEP + part
+            head.append((detail, self._style("hosts--dim")))
+            if not host.message:
+                return [head]
+            return [head] + self._wrapped(host.message, width, "hosts--dim", indent=4, most=REASON_LINES)
+        head.append((f"{SEP}{host.state.value}", self._style("hosts--dim" if good else "hosts--bad")))
+        if not host.message:
+            return [head]
+        return [head] + self._wrapped(host.message, width, "hosts--dim" if good else "hosts--bad", indent=4,
+                                      most=REASON_LINES)
 
     def _gpu_line(self, host: HostSnapshot, gpu: GpuSample, width: int) -> Line:
-        name_w = 16 if width >= 90 else 0
-        rest = max(0, width - FIXED_W - name_w)
-        bar_w = max(3, min(20, rest // 4))
-        throttle = clean(throttle_text(gpu.throttle), 60) + " " if gpu.throttled and (gpu.util_pct or 0.0) >= BUSY_PCT else ""
-        spark_w = max(0, rest - 2 * bar_w - len(throttle))
         util = gpu.util_pct
+        busy = gpu.throttled and (util or 0.0) >= BUSY_PCT
+        throttle = clean(throttle_text(gpu.throttle), 60) if busy else ""
+        name = short_name(gpu.name)
+        throttle_w, bar_w, name_w, spark_w = gpu_layout(width, throttle, name)
         mem_frac = None if gpu.mem_pct is None else gpu.mem_pct / 100.0
-        hot = gpu.temperature_c is not None and gpu.temperature_c >= 83
-        line: Line = [(f"{gpu.index:>2} ", None)]
+        hot = gpu.temperature_c is not None and gpu.temperature_c >= HOT_C
+        # Each part starts with its space: "  0 ████░░ 22% ██░░ 1.5/80 GiB 34°C 57/400 W".
+        line: Line = [(f"{gpu.index:>2}", None)]
         if name_w:
-            line.append((short_name(gpu.name)[:name_w - 1].ljust(name_w), self._style("hosts--dim")))
+            line.append((" " + name[: name_w - 1].ljust(name_w - 1), self._style("hosts--dim")))
+        if bar_w:
+            line += [(" ", None), (bar(None if util is None else util / 100.0, bar_w - 1, fill="░"), self._style("hosts--util"))]
+        line.append((f" {units.pct(util):>4}", None))
+        if bar_w:
+            line += [(" ", None), (bar(mem_frac, bar_w - 1, fill="░"), self._style("hosts--mem"))]
         line += [
-            (bar(None if util is None else util / 100.0, bar_w), self._style("hosts--util")),
-            (f"{fmt(util, '%'):>5} ", None),
-            (bar(mem_frac, bar_w), self._style("hosts--mem")),
-            (f" {gib(gpu.mem_used_mib)}/{gib(gpu.mem_total_mib)}G".ljust(9) + " ", None),
-            (f"{fmt(gpu.temperature_c, '°C'):>5} ", self._style("hosts--hot") if hot else None),
-            (f"{fmt(gpu.power_w, 'W'):>5} ", None),
+            (f" {units.mem(gpu.mem_used_mib, gpu.mem_total_mib)}".ljust(MEM_W), None),
+            (f" {units.temp(gpu.temperature_c):>4}", self._style("hosts--hot") if hot else None),
+            (f" {units.power(gpu.power_w, gpu.power_limit_w):>9}", None),
         ]
-        if throttle:
-            line.append((throttle, self._style("hosts--throttle")))
+        if throttle_w:
+            text = throttle if len(throttle) < throttle_w else throttle[: max(0, throttle_w - 2)] + "…"
+            line.append((" " + text, self._style("hosts--throttle")))
         if spark_w and self.frame is not None:
-            line.append((sparkline(self.frame.util.get((host.name, gpu.index), ()), spark_w), self._style("hosts--spark")))
+            line.append((" " + sparkline(self.frame.util.get((host.name, gpu.index), ()), spark_w - 1), self._style("hosts--spark")))
         return line

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
@@ -27,17 +27,32 @@ def keys_table(keys: tuple[Key, ...] = KEYS) -> Table:
     return table
 
 
+HELP_NOTES = ("Tab and Shift+Tab move between the panels (hosts, slaves, events); the arrows, PgUp/PgDn, "
+              "Home/End scroll the one with the focus. Narrower than 100 columns the panels stack and the "
+              "screen scrolls to the focused one.\n"
+              "Mouse: click a panel to focus it, a slave row to select it, a footer key to press it; the wheel "
+              "scrolls.\n"
+              "Before you press them, the cost panel says what u launches (type, zone, $/h) and what d "
+              "terminates (the selected slave, its spend); with [ui] confirm = true in the profile both ask first.")
+
+
 class HelpScreen(ModalScreen[None]):
+    """Every key, from the one list; scrolls (arrows, PgUp/PgDn, Home/End, the wheel) when the
+    terminal is shorter than the list."""
+
     BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help", classes="dialog"):
+        with VerticalScroll(id="help", classes="dialog"):
             yield Label("gputui dashboard: keys", classes="title")
             yield Static(keys_table(), id="help-keys")
             yield Label("In the process table (P):", classes="subtitle")
             yield Static(keys_table(PROCESS_KEYS), id="help-process-keys")
-            yield Static("Mouse: click a slave row to select it; scroll the panels with the wheel.\n"
-                         "Esc, ? or q closes this help.", classes="dim")
+            yield Static(HELP_NOTES, classes="dim", markup=False)
+            yield Static("Esc, ? or q closes this help.", classes="dim")
+
+    def on_mount(self) -> None:
+        self.query_one("#help").focus()
 
     def action_close(self) -> None:
         self.dismiss(None)

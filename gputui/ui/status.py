@@ -1,5 +1,11 @@
-"""The top line: profile, mode, what a stopping run waits for, how fresh the data is, the time.
-Redrawn every second."""
+"""The top line (profile, mode, what a stopping run waits for, how fresh the data is, the time;
+redrawn every second) and the footer (every key, with ? and q pinned to its right end so they
+show at any width).
+
+Parts of the top line are separated by " · ", and each part starts with its separator, so
+two parts never run together ("gputui · profile local.toml"), whatever reads the text. When
+the line is too narrow, the mode goes first, then the profile; the time stays.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,18 @@ from typing import Callable
 
 from rich.style import Style
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import HorizontalGroup
 from textual.reactive import reactive
 from textual.widget import Widget
+from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 from gputui.model.text import clean
-from gputui.ui.draw import duration
+from gputui.units import duration
+
+PINNED = ("help", "quit")  # footer keys that always show, at the right end
+SEP = " · "
 
 
 class StatusBar(Widget):
@@ -45,19 +58,40 @@ class StatusBar(Widget):
         self.renders += 1
         self.drawn_at = time.monotonic()
         style = self._style
-        text = Text("gputui", style("status--name"))
-        text.append(f"  profile {clean(self.profile)}", style("status--dim"))
-        if self.stopping:
-            text.append(f"  {clean(self.stopping)}", style("status--warn"))
-        if self.mode:
-            text.append(f"  {self.mode}", style("status--dim"))
         now = time.monotonic()
         late = [f"{what}: no answer for {duration(now - since)}" for what, since in sorted(self.waiting.items())
                 if now - since >= 3.0]
-        right = Text("  ".join(late) + "  " if late else "", style("status--warn"))
+        right = Text(SEP.join(late) + SEP if late else "", style("status--warn"))
         right.append(time.strftime("%H:%M:%S", time.localtime(self.clock())))
         width = max(1, self.size.width)
-        text.truncate(max(0, width - right.cell_len - 1), overflow="ellipsis")
+        room = max(0, width - right.cell_len - 1)
+        parts = [(f"{SEP}profile {clean(self.profile)}", "status--dim")]
+        if self.stopping:
+            parts.append((f"{SEP}{clean(self.stopping)}", "status--warn"))
+        if self.mode:
+            parts.append((f"{SEP}{self.mode}", "status--dim"))
+        text = Text("gputui", style("status--name"))
+        for number, (part, name) in enumerate(parts):
+            # the stopping note (a run waiting) may be cut; the mode drops whole when it does not fit
+            if text.cell_len + len(part) <= room or name == "status--warn" or number == 0:
+                text.append(part, style(name))
+        text.truncate(room, overflow="ellipsis")
         text.append(" " * max(1, width - text.cell_len - right.cell_len))
         text.append_text(right)
         return text
+
+
+class DashboardFooter(Footer):
+    """Textual's footer with the keys in PINNED docked at its right end: at 80 columns the
+    others scroll (mouse wheel) but ? and q never leave the screen."""
+
+    def compose(self) -> ComposeResult:
+        pinned: list[FooterKey] = []
+        for widget in super().compose():
+            if isinstance(widget, FooterKey) and widget.action in PINNED:
+                pinned.append(widget)
+            else:
+                yield widget
+        if pinned:
+            with HorizontalGroup(id="footer-pinned"):
+                yield from sorted(pinned, key=lambda key: PINNED.index(key.action))
