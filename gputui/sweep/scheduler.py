@@ -115,7 +115,8 @@ class Scheduler:
         self.inbox: "queue.Queue[tuple[int, str | None]]" = queue.Queue()
         self.workers: dict[int, Worker] = {}
         self.deaths: dict[str, int] = {}
-        self.pending: list[Trial] = []
+        self.pending: list[Trial] = []  # retries waiting for a slot
+        self.asked: list[Trial] = []  # asked ahead of need (see _ask_ahead)
         self.spend = Spend(spec.budget_usd, clock)
         self.turnarounds_ms: list[float] = []
         self.startups_ms: list[float] = []
@@ -140,9 +141,14 @@ class Scheduler:
                 self._spawn(slot)
 
     def abort(self) -> None:
-        """The sweep will not run after all: end the workers started."""
+        """The sweep will not run after all: end the workers started, release the slots (cloud slaves)."""
         for worker in list(self.workers.values()):
             worker.handle.kill()
+        for slot in self.slots:
+            try:
+                slot.close()
+            except GputuiError:
+                pass
 
     # -- counts --------------------------------------------------------------------------
     def _count_existing(self) -> None:
@@ -173,7 +179,7 @@ class Scheduler:
         return [w.busy for w in self.workers.values() if w.busy is not None]
 
     def _in_flight(self) -> int:
-        return len(self._running()) + len(self.pending) + len(self.untold)
+        return len(self._running()) + len(self.pending) + len(self.untold) + len(self.asked)
 
     # -- workers -------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
@@ -221,6 +227,9 @@ class Scheduler:
     def _may_ask(self) -> bool:
         if self.stop.is_set() or self.progress.done + self._in_flight() >= self.spec.trials:
             return False
+        return self._budget_allows()
+
+    def _budget_allows(self) -> bool:
         if not self.spend.allows_new_trial():
             if not self.budget_reached:
                 self.budget_reached = True
@@ -251,11 +260,23 @@ class Scheduler:
             if not worker.ready or worker.busy is not None:
                 continue
             trial = self._pick(worker)
+            if trial is None and self.asked and self._budget_allows():
+                trial = self.asked.pop(0)
             if trial is None:
                 if not self._may_ask():
                     continue
                 trial = self._ask()
             self._start(worker, trial)
+
+    def _ask_ahead(self) -> None:
+        """Ask the study now for the trials the busy workers will want next, so that a worker that
+        ends a trial gets the next one at once (the ask and its writes cost 10-30 ms, more under load).
+        Running trials are known to TPE (constant liar), so asking early costs the search little."""
+        if self.stop.is_set():
+            return
+        busy = sum(1 for w in self.workers.values() if w.ready and w.busy is not None)
+        while len(self.asked) < busy - len(self.pending) and self._may_ask():
+            self.asked.append(self._ask())
 
     def _start(self, worker: Worker, trial: Trial) -> None:
         directory = studies.trial_dir(self.spec.name, trial.number)
@@ -418,6 +439,9 @@ class Scheduler:
                 self._flush()
                 if self._over():
                     break
+                self._ask_ahead()
+                if self._over():
+                    break
                 if not self.workers:
                     reasons = "; ".join(sorted(set(self.fatal_reasons))) or "they exited"
                     raise GputuiError(f"sweep {self.spec.name}: no worker is left ({reasons}); continue with "
@@ -454,10 +478,10 @@ class Scheduler:
                 pass
             worker.handle.kill()
             self.spend.release(worker.wid)
-        held = self._running() + self.pending
+        held = self._running() + self.pending + self.asked
         for worker in self.workers.values():
             worker.busy = None
-        self.pending = []
+        self.pending, self.asked = [], []
         from optuna.trial import TrialState
 
         for trial in held:

@@ -210,5 +210,12 @@ def local_slots(spec: SweepSpec, run: Any, logs: Path, workers: int | None = Non
 
 
 def sweep_slots(profile: Any, spec: SweepSpec, logs: Path, workers: int | None = None) -> list[Slot]:
-    """Every slot of a sweep. Today: this machine's (`local_slots`); SSH hosts and cloud slaves add theirs here."""
-    return list(local_slots(spec, profile.run, logs, workers))
+    """Every slot of a sweep: this machine's (`local_slots`), the [[hosts]]' (gputui.sweep.remote) and
+    the [cloud] slaves' the sweep starts (gputui.sweep.cloudslots; released when their slots close)."""
+    from gputui.sweep.cloudslots import cloud_slots
+    from gputui.sweep.remote import remote_slots
+
+    slots: list[Slot] = list(local_slots(spec, profile.run, logs, workers))
+    slots += remote_slots(profile, spec)
+    slots += cloud_slots(profile, spec)
+    return slots

@@ -1,0 +1,118 @@
+"""A simulated slot: a worker that answers the sweep protocol from a thread, without torch.
+
+Its trials end at once with a test accuracy made from their parameters, so the scheduler's
+rules (budget, retries, counting) are tested in milliseconds, and a cloud slot's spend can be
+played with `usd_per_hour`. `die_on` lists trial numbers whose first attempt on this slot kills
+the worker mid-trial (its output ends, as a SIGKILLed process's does); `fail_on` lists trials
+that end with an error on this slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from gputui import events
+from gputui.sweep import protocol
+from gputui.sweep.slots import WorkerGone
+
+_pids = itertools.count(900000)
+
+
+def accuracy(params: dict[str, Any], evaluation: int) -> float:
+    """A made-up curve: best near lr = 0.01, rising with the evaluations."""
+    lr = float(params.get("lr", 0.01))
+    peak = 99.0 - 10 * abs(math.log10(lr) + 2)
+    return max(5.0, peak - 20.0 / evaluation)
+
+
+class SimHandle:
+    def __init__(self, slot: "SimSlot") -> None:
+        self.slot = slot
+        self.pid: int | None = next(_pids)
+        self._out: "queue.Queue[str | None]" = queue.Queue()
+        self._alive = True
+        self._out.put(protocol.encode({"op": "ready", "pid": self.pid, "device": slot.device, "torch": "sim",
+                                       "threads": 1, "load_s": 0.0}))
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self._alive:
+            raise WorkerGone("the simulated worker is gone")
+        if message.get("op") == "exit":
+            self.kill()
+        elif message.get("op") == "trial":
+            self._trial(message)
+
+    def _trial(self, message: dict[str, Any]) -> None:
+        number = int(message["trial"])
+        self.slot.seen.append((number, int(message.get("attempt", 1))))
+        from gputui.profiles import parse_profile
+
+        run = parse_profile(str(message["profile"])).run
+        params = {"lr": run.lr}
+        put = self._out.put
+        put(protocol.encode({"op": "event", "trial": number, "data": events.make("start", run_id=f"t{number}")}))
+        if number in self.slot.die_on and number not in self.slot.died:
+            self.slot.died.add(number)
+            self.kill()
+            return
+        if number in self.slot.fail_on:
+            put(protocol.encode({"op": "result", "trial": number, "outcome": "error", "reason": "error",
+                                 "error": f"simulated failure of trial {number}"}))
+            return
+        acc = 0.0
+        for k in range(1, self.slot.evaluations + 1):
+            acc = accuracy(params, k)
+            put(protocol.encode({"op": "event", "trial": number, "eval": k,
+                                 "data": events.make("eval", epoch=1, step=k, test_acc=acc, elapsed_s=0.1 * k)}))
+        if self.slot.advance is not None:
+            self.slot.advance(self.slot.trial_s)  # the trial's time passes on the sweep's clock
+        put(protocol.encode({"op": "result", "trial": number, "outcome": "done", "test_acc": acc, "best_acc": acc,
+                             "elapsed_s": 0.1 * self.slot.evaluations}))
+
+    def lines(self) -> Iterator[str]:
+        while True:
+            line = self._out.get()
+            if line is None:
+                return
+            yield line
+
+    def kill(self) -> None:
+        if self._alive:
+            self._alive = False
+            self._out.put(None)
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def exit_code(self) -> int | None:
+        return None if self._alive else -9
+
+    def last_words(self) -> str:
+        return "" if self._alive else "killed (simulated)"
+
+
+@dataclass
+class SimSlot:
+    """A slot whose worker is simulated; `seen` records (trial, attempt) of every trial it was sent."""
+
+    name: str
+    device: str = "sim"
+    usd_per_hour: float = 0.0
+    evaluations: int = 3
+    die_on: set[int] = field(default_factory=set)
+    fail_on: set[int] = field(default_factory=set)
+    seen: list[tuple[int, int]] = field(default_factory=list)
+    died: set[int] = field(default_factory=set)
+    closed: bool = False
+    advance: Callable[[float], None] | None = None  # moves a test's clock on by trial_s at each trial's end
+    trial_s: float = 0.0
+
+    def spawn(self) -> SimHandle:
+        return SimHandle(self)
+
+    def close(self) -> None:
+        self.closed = True

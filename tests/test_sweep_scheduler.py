@@ -1,0 +1,94 @@
+"""The sweep scheduler on simulated slots (gputui.sweep.sim): retries, failures, counting, the budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputui.sweep import scheduler as sched
+from gputui.sweep import study as studies
+from gputui.sweep.sim import SimSlot
+from gputui.sweep.space import parse_text
+
+
+class Seen:
+    """A sweep view that keeps what it was shown."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def sweep(self, kind: str, **fields: Any) -> None:
+        self.lines.append((kind, fields))
+
+    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
+        pass
+
+    def progress(self, p: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [f for k, f in self.lines if k == kind]
+
+
+def make(tmp_path: Path, trials: int, extra: str = "") -> tuple[Any, Any, Any]:
+    text = f'[run]\nmodel = "fast"\n[sweep]\nname = "sim"\ntrials = {trials}\npruner = "none"\nlr = [1e-3, 1e-1]\n{extra}'
+    profile, spec = parse_text(text, tmp_path / "sim.toml")
+    return profile, spec, studies.create(spec)
+
+
+def counted(study: Any) -> list[Any]:
+    return [t for t in study.get_trials() if studies.counted(t)]
+
+
+def test_a_trial_whose_worker_dies_runs_again_on_another_slot_and_counts_once(tmp_path: Path) -> None:
+    died: set[int] = set()  # shared: the first attempt of trial 3 dies wherever it runs
+    slots = [SimSlot("a", die_on={3}, died=died), SimSlot("b", die_on={3}, died=died)]
+    profile, spec, study = make(tmp_path, 8)
+    view = Seen()
+    progress = sched.Scheduler(study, spec, profile.run, slots, view).run()
+    assert progress.done == 8 and len(counted(study)) == 8 and len(study.get_trials()) == 8
+    first = next(s.name for s in slots if (3, 1) in s.seen)
+    second = next(s.name for s in slots if (3, 2) in s.seen)
+    assert first != second  # the retry went to the other slot
+    trial = study.get_trials()[3]
+    assert trial.state.name == "COMPLETE" and trial.user_attrs["attempts"] == 2 and trial.user_attrs["slot"] == second
+    assert [f["trial"] for f in view.of("requeued")] == [3]
+    assert all(s.closed for s in slots)
+
+
+def test_a_trial_that_fails_twice_is_failed_with_its_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    slots = [SimSlot("a", fail_on={2}), SimSlot("b", fail_on={2})]
+    profile, spec, study = make(tmp_path, 6)
+    progress = sched.Scheduler(study, spec, profile.run, slots, Seen()).run()
+    assert (progress.done, progress.failed, progress.complete) == (6, 1, 5)
+    failed = study.get_trials()[2]
+    assert failed.state.name == "FAIL" and failed.user_attrs["attempts"] == 2
+    assert failed.user_attrs["error"] == "simulated failure of trial 2"
+    assert len(counted(study)) == 6 and len(study.get_trials()) == 6
+
+
+def test_with_a_budget_no_trial_starts_once_the_projected_spend_would_pass_it(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+
+    def advance(seconds: float) -> None:
+        now[0] += seconds
+
+    monkeypatch.setattr(sched, "PRIOR_TRIAL_S", 1.0)
+    # one slot at $3600/h ($1/s), trials of 1 s: a trial may start while spent + $1 <= $5.50
+    slot = SimSlot("cloud", usd_per_hour=3600.0, advance=advance, trial_s=1.0)
+    profile, spec, study = make(tmp_path, 20, "budget_usd = 5.5\n")
+    view = Seen()
+    s = sched.Scheduler(study, spec, profile.run, [slot], view, clock=lambda: now[0])
+    progress = s.run()
+    assert [n for n, _attempt in slot.seen] == [0, 1, 2, 3, 4]  # started at $0..$4; at $5 the next would pass
+    assert progress.done == 5 and s.budget_reached and len(view.of("budget")) == 1
+    assert progress.spent_usd == pytest.approx(5.0) and progress.spent_usd <= 5.5
+    assert slot.closed
+    assert len(counted(study)) == 5
+    assert not [t for t in study.get_trials() if t.state.name == "RUNNING"]  # none left running
