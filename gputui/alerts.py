@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from gputui import units
 from gputui.model.telemetry import HostSnapshot, throttle_text
 from gputui.model.text import clean
 from gputui.schema import Field, Section
@@ -189,10 +190,6 @@ class _State:
     check: _Check | None = None
 
 
-def _fmt(value: float | None, unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:g}{unit}"
-
-
 def _ago(seconds: float) -> str:
     seconds = max(0.0, seconds)
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
@@ -278,14 +275,14 @@ class AlertEngine:
                     t, limit = gpu.temperature_c, s.gpu_temperature_c
                     line = limit - CLEAR_MARGIN if self._firing(key) else limit
                     yield _Check("gpu_temperature", key, None if t is None else t >= line, 0.0, f"{where} temperature",
-                                 t, limit, f"{_fmt(t, ' C')} (alert at {limit:g} C)", host.name, gpu.index)
+                                 t, limit, f"{units.temp(t)} (alert at {units.temp(limit)})", host.name, gpu.index)
                 if s.gpu_memory_pct is not None:
                     key = ("gpu_memory", host.name, gpu.index)
                     pct, limit = gpu.mem_pct, s.gpu_memory_pct
                     line = limit - CLEAR_MARGIN if self._firing(key) else limit
                     yield _Check("gpu_memory", key, None if pct is None else pct >= line, 0.0, f"{where} memory",
                                  None if pct is None else round(pct, 1), limit,
-                                 f"{_fmt(None if pct is None else round(pct, 1), '%')} used (alert at {limit:g}%)",
+                                 f"{units.pct(pct)} used (alert at {units.pct(limit)})",
                                  host.name, gpu.index)
                 busy = gpu.util_pct is not None and gpu.util_pct >= s.gpu_idle_pct
                 if s.throttled_s is not None:
@@ -300,8 +297,8 @@ class AlertEngine:
                     pids = ",".join(str(p.pid) for p in runs) or "-"
                     yield _Check("gpu_idle", ("gpu_idle", host.name, gpu.index), holds, s.gpu_idle_s, f"{where} idle",
                                  gpu.util_pct, s.gpu_idle_pct,
-                                 f"{_fmt(gpu.util_pct, '%')} busy while gputui run pid {pids} holds it" if holds
-                                 else f"{_fmt(gpu.util_pct, '%')} busy", host.name, gpu.index)
+                                 f"{units.pct(gpu.util_pct)} busy while gputui run pid {pids} holds it" if holds
+                                 else f"{units.pct(gpu.util_pct)} busy", host.name, gpu.index)
         if run is not None and run.run_id is not None:
             name = f"run {run.run_id}"
             if s.stalled_s is not None:

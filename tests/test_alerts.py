@@ -43,7 +43,7 @@ def test_temperature_fires_once_clears_once_and_does_not_flap() -> None:
     said = run_rounds(engine, [(float(t), host(temperature_c=c)) for t, c in enumerate(temps)])
     assert said == [(1.0, "gpu_temperature", "firing"), (6.0, "gpu_temperature", "cleared"), (7.0, "gpu_temperature", "firing")]
     alert = engine.evaluate([host(temperature_c=50.0)], 9.0)[0]
-    assert alert.message == "rig GPU 0 temperature: cleared after 2 s (50 C (alert at 85 C))"
+    assert alert.message == "rig GPU 0 temperature: cleared after 2 s (50°C (alert at 85°C))"
     assert (alert.host, alert.gpu, alert.value, alert.threshold, alert.since) == ("rig", 0, 50.0, 85, 7.0)
 
 
@@ -220,7 +220,7 @@ def test_alerts_go_to_the_command_and_the_webhook(hook: Hook, recorder: tuple[st
     got = [json.loads(line) for line in received.read_text().splitlines()]
     assert [(g["state"], g["stdin"]["alert"]["state"]) for g in got] == [("firing", "firing"), ("cleared", "cleared")]
     assert [b["body"] for b in hook.bodies] == [g["stdin"] for g in got] and hook.bodies[0]["type"] == "application/json"
-    assert hook.bodies[0]["body"]["alert"]["message"] == "rig GPU 0 temperature: 90 C (alert at 85 C)"
+    assert hook.bodies[0]["body"]["alert"]["message"] == "rig GPU 0 temperature: 90°C (alert at 85°C)"
     assert lines == []
 
 

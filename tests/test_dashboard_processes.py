@@ -239,7 +239,7 @@ def test_alerts_fire_once_clear_once_in_the_events_and_to_the_command(tmp_path: 
         return log
 
     log = drive(app, scenario)
-    assert log.count("ALERT firing: rig GPU 0 temperature: 91 C (alert at 80 C)") == 1, log
+    assert log.count("ALERT firing: rig GPU 0 temperature: 91°C (alert at 80°C)") == 1, log
     assert log.count("ALERT cleared: rig GPU 0 temperature") == 1
     assert threads and threading.main_thread().name not in threads  # evaluated in the poll worker
     sent = [json.loads(line)["alert"] for line in got.read_text(encoding="utf-8").splitlines()]

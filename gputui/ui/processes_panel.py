@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from gputui.dashboard.hosts import HostsFrame
-from gputui.model.telemetry import fmt
+from gputui import units
 from gputui.model.text import clean
 from gputui.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
 from gputui.telemetry_view import duration
@@ -60,8 +60,8 @@ def row_key(row: ProcessRow) -> str:
 def process_cells(row: ProcessRow) -> tuple[Text, ...]:
     """A process's row. Users and commands come from the hosts: Text, never markup."""
     p = row.process
-    cells = (row.host, str(row.gpu), str(p.pid), p.user or "n/a", fmt(p.gpu_memory_mib), fmt(p.sm_pct, "%"),
-             fmt(p.cpu_pct, "%"), fmt(p.rss_mib), duration(p.running_s), p.name or "n/a")
+    cells = (row.host, str(row.gpu), str(p.pid), p.user or "n/a", units.mib(p.gpu_memory_mib), units.pct(p.sm_pct),
+             units.pct(p.cpu_pct), units.mib(p.rss_mib), duration(p.running_s), p.name or "n/a")
     return tuple(Text(clean(cell, COMMAND_W) + " ") for cell in cells)
 
 
