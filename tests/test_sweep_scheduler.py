@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +46,30 @@ def counted(study: Any) -> list[Any]:
     return [t for t in study.get_trials() if studies.counted(t)]
 
 
+class OpensGate(Seen):
+    """Opens slot b's gate once slot a's worker is ready again after its death."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def sweep(self, kind: str, **fields: Any) -> None:
+        super().sweep(kind, **fields)
+        if len([f for f in self.of("slot") if f["slot"] == "a" and f["state"] == "ready"]) == 2:
+            self.gate.set()
+
+
 def test_a_trial_whose_worker_dies_runs_again_on_another_slot_and_counts_once(tmp_path: Path) -> None:
-    died: set[int] = set()  # shared: the first attempt of trial 3 dies wherever it runs
-    slots = [SimSlot("a", die_on={3}, died=died), SimSlot("b", die_on={3}, died=died)]
+    # a dies in trial 3 and is ready again while b still trains its first trial (b's trials end
+    # once a is back): the retry waits for b rather than going back to a
+    gate = threading.Event()
+    slots = [SimSlot("a", die_on={3}), SimSlot("b", gate=gate)]
     profile, spec, study = make(tmp_path, 8)
-    view = Seen()
+    view = OpensGate(gate)
     progress = sched.Scheduler(study, spec, profile.run, slots, view).run()
     assert progress.done == 8 and len(counted(study)) == 8 and len(study.get_trials()) == 8
-    first = next(s.name for s in slots if (3, 1) in s.seen)
-    second = next(s.name for s in slots if (3, 2) in s.seen)
-    assert first != second  # the retry went to the other slot
+    assert (3, 1) in slots[0].seen and (3, 2) in slots[1].seen, (slots[0].seen, slots[1].seen)
+    second = "b"  # the retry went to the other slot
     trial = study.get_trials()[3]
     assert trial.state.name == "COMPLETE" and trial.user_attrs["attempts"] == 2 and trial.user_attrs["slot"] == second
     assert [f["trial"] for f in view.of("requeued")] == [3]

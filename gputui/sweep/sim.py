@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -63,6 +64,15 @@ class SimHandle:
             put(protocol.encode({"op": "result", "trial": number, "outcome": "error", "reason": "error",
                                  "error": f"simulated failure of trial {number}"}))
             return
+        if self.slot.gate is not None:  # the trial ends once the test opens the gate
+            threading.Thread(target=self._finish, args=(number, params), daemon=True).start()
+            return
+        self._finish(number, params)
+
+    def _finish(self, number: int, params: dict[str, Any]) -> None:
+        if self.slot.gate is not None:
+            self.slot.gate.wait(60)
+        put = self._out.put
         acc = 0.0
         for k in range(1, self.slot.evaluations + 1):
             acc = accuracy(params, k)
@@ -110,6 +120,7 @@ class SimSlot:
     closed: bool = False
     advance: Callable[[float], None] | None = None  # moves a test's clock on by trial_s at each trial's end
     trial_s: float = 0.0
+    gate: threading.Event | None = None  # set: each trial ends only once the gate is open
 
     def spawn(self) -> SimHandle:
         return SimHandle(self)
