@@ -1,0 +1,126 @@
+"""Sweep workers on an SSH host (gputui.sweep.remote): a loopback sshd stands in for the host, which
+is bootstrapped as a cluster slave is (this gputui as a wheel in a venv there) and runs
+`venv/bin/python -m gputui worker` over the SSH channel."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputui.sweep import scheduler as sched
+from gputui.sweep import study as studies
+from gputui.sweep.sim import SimSlot
+from gputui.sweep.space import parse_text
+from tests.proc_support import Child
+
+from .cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, trust, wait_no_leftovers  # noqa: F401
+
+WAIT = 240  # s: a bootstrap and a dozen tiny trials on a slow, busy 2-core machine
+
+
+def host_table(server: Any, key: Path, name: str = "n0") -> str:
+    return (f'[[hosts]]\nname = "{name}"\naddress = "{server.address}"\nport = {server.port}\nuser = "root"\n'
+            f'identity_file = "{key}"\n')
+
+
+def counted(trials: list[Any]) -> list[Any]:
+    return [t for t in trials if studies.counted(t)]
+
+
+def test_a_12_trial_sweep_over_2_local_workers_and_an_ssh_host_fills_the_study(
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path) -> None:
+    import optuna
+
+    server = cluster_nodes.node(0)
+    trust(gputui_home, server)
+    path = tmp_path / "s.toml"
+    path.write_text(f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 1\n\n'
+                    f'{host_table(server, cluster_nodes.user_key)}\n'
+                    '[sweep]\nname = "s"\ntrials = 12\nworkers = 2\nthreads = 1\npruner = "none"\n'
+                    'lr = [1e-3, 3e-2]\nbatch_size = [32, 64]\n')
+    with Child([sys.executable, "-m", "gputui", "sweep", "--json", str(path)], name="gputui sweep") as child:
+        assert child.finish(WAIT) == 0, child.stderr
+    ready = [e["slot"] for e in child.events if e.get("sweep") == "slot" and e.get("state") == "ready"]
+    assert sorted(ready) == ["cpu-0", "cpu-1", "n0-cpu"], child.stderr  # one worker each, for all 12 trials
+
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{gputui_home / 'sweeps' / 'sweeps.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 12 and len(counted(trials)) == 12
+    assert all(t.state.name == "COMPLETE" for t in trials), [(t.number, t.state, t.user_attrs) for t in trials]
+    on_host = [t.number for t in trials if t.user_attrs["slot"] == "n0-cpu"]
+    assert on_host, [t.user_attrs["slot"] for t in trials]
+    # those trials ran there: their run directories (events included) are on the host
+    assert server.home is not None
+    remote = server.home / ".gputui-cluster" / "runs" / "sweep-s"
+    assert all((remote / f"trial-{n:05d}" / "events.jsonl").is_file() for n in on_host), sorted(os.listdir(remote))
+    assert not wait_no_leftovers("-m gputui worker")  # every worker, here and there, ended with the sweep
+
+
+class DropOnFirstEval:
+    """A sweep view: at the first evaluation of a trial on the SSH slot, the host goes away."""
+
+    def __init__(self, server: Any, slot: str) -> None:
+        self.server, self.slot = server, slot
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+        self.dropped_trial: int | None = None
+
+    def sweep(self, kind: str, **fields: Any) -> None:
+        self.lines.append((kind, fields))
+
+    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
+        if slot == self.slot and event.get("event") == "eval" and self.dropped_trial is None:
+            self.dropped_trial = trial
+            self.server.stop()  # listener and every connection: the host is gone
+
+    def progress(self, p: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_host_that_drops_mid_trial_gives_the_trial_back_and_the_study_counts_each_once(
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path) -> None:
+    from gputui.sweep.remote import remote_slots
+
+    server = cluster_nodes.node(1)
+    trust(gputui_home, server)
+    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 1\nevals_per_epoch = 4\n\n'
+            f'{host_table(server, cluster_nodes.user_key, "n1")}\n'
+            '[sweep]\nname = "drop"\ntrials = 6\nthreads = 1\npruner = "none"\nlr = [1e-3, 3e-2]\n')
+    profile, spec = parse_text(text, tmp_path / "drop.toml")
+    ssh = remote_slots(profile, spec)
+    assert [s.name for s in ssh] == ["n1-cpu"]
+    sim = SimSlot("sim")
+    view = DropOnFirstEval(server, "n1-cpu")
+    study = studies.create(spec)
+    # the simulated slot waits for the SSH worker's first trial: it joins only after that trial started
+    scheduler = sched.Scheduler(study, spec, profile.run, ssh, view)
+    original = scheduler._start
+
+    def start(worker: Any, trial: Any) -> None:
+        original(worker, trial)
+        if worker.slot is ssh[0] and not any(w.slot is sim for w in scheduler.workers.values()):
+            scheduler._spawn(sim)
+
+    scheduler._start = start  # type: ignore[method-assign]
+    progress = scheduler.run()
+
+    assert view.dropped_trial is not None, view.lines
+    lost = [f for k, f in view.lines if k == "slot" and f.get("state") == "lost"]
+    assert lost and lost[0]["slot"] == "n1-cpu" and "lost" in str(lost[0]["message"]), lost
+    requeued = [f for k, f in view.lines if k == "requeued"]
+    assert [f["trial"] for f in requeued] == [view.dropped_trial]
+    assert progress.done == 6 and len(counted(study.get_trials())) == 6 and len(study.get_trials()) == 6
+    again = study.get_trials()[view.dropped_trial]
+    assert again.state.name == "COMPLETE" and again.user_attrs["attempts"] == 2 and again.user_attrs["slot"] == "sim"
+    assert not wait_no_leftovers(str(server.home))  # the host's worker died with its connection
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
