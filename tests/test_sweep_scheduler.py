@@ -107,3 +107,19 @@ def test_with_a_budget_no_trial_starts_once_the_projected_spend_would_pass_it(tm
     assert slot.closed
     assert len(counted(study)) == 5
     assert not [t for t in study.get_trials() if t.state.name == "RUNNING"]  # none left running
+
+
+def test_min_time_to_accuracy_takes_the_training_time_of_the_first_evaluation_at_the_target(tmp_path: Path) -> None:
+    from gputui.sweep.sim import accuracy
+
+    profile, spec, study = make(tmp_path, 6, 'objective = "min time_to_accuracy"\ntarget = 85.0\n')
+    sched.Scheduler(study, spec, profile.run, [SimSlot("a", evaluations=3)], Seen()).run()
+    trials = study.get_trials()
+    assert len(trials) == 6 and study.direction.name == "MINIMIZE"
+    for t in trials:
+        reached = [k for k in (1, 2, 3) if accuracy(t.params, k) >= 85.0]
+        if reached:  # the sim's k-th evaluation is at 0.1 k s of training
+            assert t.state.name == "COMPLETE" and t.value == pytest.approx(0.1 * reached[0]), t
+        else:
+            assert t.state.name == "FAIL" and t.user_attrs["error"] == "did not reach 85% test accuracy", t
+    assert any(t.state.name == "COMPLETE" for t in trials)
