@@ -134,7 +134,7 @@ def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> No
         await pilot.press("r")
         await wait_for(pilot, lambda: app.training.resumed_from_step is not None and app.training.status == "running",
                        90, "the resumed run")
-        assert app.child is not child and app.child.argv[5:7] == ["--resume", "last"]
+        assert app.child is not child and app.child.argv[5:7] == ["--resume", str(child.run_dir)]  # the run on screen
         # the curves go on from the first part: its points, first ones included, then only later steps
         for before, now in zip(first_part, (app.training.loss_points, app.training.acc_points)):
             assert now[: len(before)] == before
