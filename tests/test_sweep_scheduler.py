@@ -123,3 +123,29 @@ def test_min_time_to_accuracy_takes_the_training_time_of_the_first_evaluation_at
         else:
             assert t.state.name == "FAIL" and t.user_attrs["error"] == "did not reach 85% test accuracy", t
     assert any(t.state.name == "COMPLETE" for t in trials)
+
+
+def test_a_stopped_sweep_gives_its_held_trials_back_to_the_study_for_resume(tmp_path: Path) -> None:
+    stop = threading.Event()
+    gate = threading.Event()  # b's trials never end on their own: b holds a trial when the sweep stops
+
+    class StopsAfterTwo(Seen):
+        def sweep(self, kind: str, **fields: Any) -> None:
+            super().sweep(kind, **fields)
+            if len(self.of("trial_done")) == 2:
+                stop.set()
+
+    slots = [SimSlot("a"), SimSlot("b", gate=gate)]
+    profile, spec, study = make(tmp_path, 10)
+    view = StopsAfterTwo()
+    progress = sched.Scheduler(study, spec, profile.run, slots, view, stop=stop).run()
+    gate.set()
+    trials = study.get_trials()
+    held = [t for t in trials if t.user_attrs.get("requeued")]
+    assert progress.done == 2 and len(counted(study)) == 2
+    assert held and all(t.state.name == "FAIL" for t in held)  # b's trial at least
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    waiting = [t for t in trials if t.state.name == "WAITING"]  # enqueued again, same parameters
+    assert sorted(t.user_attrs["requeued_from"] for t in waiting) == sorted(t.number for t in held)
+    assert all(t.system_attrs["fixed_params"] == trials[t.user_attrs["requeued_from"]].params for t in waiting)
+    assert all(s.closed for s in slots)
