@@ -149,3 +149,18 @@ def test_a_stopped_sweep_gives_its_held_trials_back_to_the_study_for_resume(tmp_
     assert sorted(t.user_attrs["requeued_from"] for t in waiting) == sorted(t.number for t in held)
     assert all(t.system_attrs["fixed_params"] == trials[t.user_attrs["requeued_from"]].params for t in waiting)
     assert all(s.closed for s in slots)
+
+
+def test_off_a_terminal_the_progress_is_a_plain_line_per_change(capsys: pytest.CaptureFixture[str]) -> None:
+    from gputui.sweep.view import Lines, make_view
+
+    assert isinstance(make_view(False, "test_accuracy"), Lines)  # pytest's stderr is not a terminal
+    view = Lines("test_accuracy")
+    p = sched.Progress(name="s", trials=12, done=5, complete=3, pruned=1, failed=1, running=2, best=97.125,
+                       best_trial=4, spent_usd=0.0123)
+    view.progress(p)
+    view.progress(p)  # nothing changed: no second line
+    view.sweep("trial_done", trial=6, state="pruned", slot="cpu-1", params={"lr": 0.0123, "batch_size": 64})
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["s: 5/12 done, 2 running, 1 pruned, 1 failed, best 97.12% (#4), $0.0123 spent",
+                   "trial 6 pruned on cpu-1 (lr=0.0123, batch_size=64)"]

@@ -40,9 +40,9 @@ def value_text(value: float | None, metric: str) -> str:
 def progress_text(p: Any, metric: str) -> str:
     best = value_text(p.best, metric)
     if p.best_trial is not None:
-        best += f" (trial {p.best_trial})"
-    line = (f"sweep {p.name}: {p.done}/{p.trials} done, {p.running} running, {p.pruned} pruned, {p.failed} failed; "
-            f"best {best}; {units.money(p.spent_usd)} spent")
+        best += f" (#{p.best_trial})"
+    line = (f"{p.name}: {p.done}/{p.trials} done, {p.running} running, {p.pruned} pruned, {p.failed} failed, "
+            f"best {best}, {units.money(p.spent_usd)} spent")
     return line + (f"; {p.note}" if p.note else "")
 
 
