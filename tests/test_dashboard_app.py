@@ -140,7 +140,7 @@ def test_t_trains_stops_and_r_resumes_through_the_child(medium_data: Path) -> No
             assert now[: len(before)] == before
             assert all(step > before[-1][0] for step, _ in now[len(before):])
         second = app.child
-        await pilot.press("q")
+        await pilot.press("q", "s")  # the quit question: stop it with a checkpoint
         await wait_for(pilot, lambda: not app.is_running, 60, "exit")
         return second
 
