@@ -71,8 +71,9 @@ def run_params(zone: str, spot: bool, count: int = 2, max_price: str | None = No
     params: dict[str, Any] = {
         "ImageId": "ami-0123456789abcdef0", "InstanceType": "g4dn.xlarge", "MinCount": count, "MaxCount": count,
         "KeyName": ANY, "SecurityGroupIds": ["sg-1"], "Placement": {"AvailabilityZone": zone},
-        "TagSpecifications": ANY, "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-        "ClientToken": ANY,
+        "TagSpecifications": ANY, "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                                      "InstanceMetadataTags": "enabled"},
+        "InstanceInitiatedShutdownBehavior": "terminate", "UserData": ANY, "ClientToken": ANY,
     }
     if spot:
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {

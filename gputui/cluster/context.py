@@ -64,6 +64,7 @@ class RunContext:
     master_addr: str = "127.0.0.1"
     phase: Phase = Phase.BRING_UP
     ledger_run: bool = False  # the run is recorded in the cloud ledger (to be ended at teardown)
+    lease: Any = None  # the LeaseRenewer of the cluster's cloud slaves while the run holds them
 
     def emit(self, name: str, /, **fields: Any) -> dict[str, Any]:
         return self.out.emit(name, **fields)

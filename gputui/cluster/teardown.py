@@ -100,7 +100,9 @@ def _end_ledger_run(ctx: RunContext, outcome: str) -> None:
 
 
 def _release(ctx: RunContext) -> None:
-    """Terminate the cloud slaves this run started (unless keep_slaves)."""
+    """Stop renewing the slaves' lease; terminate the cloud slaves this run started (unless keep_slaves)."""
+    if ctx.lease is not None:
+        ctx.lease.stop()
     pending = ctx.slaves.pending()
     if not pending or ctx.manager is None:
         return

@@ -39,6 +39,9 @@ class SlaveControl:
             checkpoint = cloud_checkpointer(ctx.settings)
         self.guard = BudgetGuard(ctx, interval_s, checkpoint)
         self._launching = threading.Lock()  # one launch at a time, so each sees the others' cost
+        from gputui.cloud.lease import LeaseRenewer
+
+        self.lease = LeaseRenewer(ctx).start()  # the slaves' lease, renewed while the dashboard watches them
 
     def poll(self) -> CostFrame:
         """Reconcile with the cloud, let the budget guard act, and return the panel's frame."""
@@ -102,4 +105,5 @@ class SlaveControl:
             return self.terminate([r.instance_id for r in self.guard.running()])
 
     def close(self) -> None:
+        self.lease.stop()
         self.ctx.ledger.close()
