@@ -110,8 +110,39 @@ def _release(ctx: RunContext) -> None:
         gone = ctx.manager.release(pending)
     except Exception as exc:  # noqa: BLE001 - the cloud's failure, whatever it is, must be said
         ctx.emit("warning", reason="release", message=f"could not terminate the slaves this run started "
-                 f"({', '.join(pending)}): {clean(str(exc), 300)}; run: gputui cloud down")
+                 f"({', '.join(pending)}): {clean(str(exc), 300)}; run: {_down(ctx)}")
         return
     ctx.slaves.released += pending
     if gone:
         ctx.emit("slaves_terminated", instances=gone, message=f"{len(gone)} cloud slave(s) terminated")
+    elif ctx.settings.keep_slaves:
+        _hand_to_guard(ctx, pending)
+
+
+GUARD_INTERVAL_S = 30.0  # as `gputui cloud up`'s guard
+
+
+def _down(ctx: RunContext) -> str:
+    from gputui.cloud.leaks import down_command
+
+    return down_command(ctx.manager.ctx, ctx.manager.ctx.cluster)
+
+
+def _hand_to_guard(ctx: RunContext, kept: list[str]) -> None:
+    """keep_slaves: the run no longer renews the kept slaves' lease, so a detached budget guard
+    takes over (unless one already watches the cluster); without it they would power
+    themselves off once the lease passes."""
+    from gputui.cloud import guardian
+    from gputui.cloud.leaks import cloud_command, down_command
+
+    cloud = ctx.manager.ctx
+    try:
+        pid = guardian.spawn(cloud, GUARD_INTERVAL_S)
+    except OSError as exc:
+        ctx.emit("warning", reason="guard", message=f"kept {plural(len(kept), 'slave')} but could not start their "
+                 f"budget guard ({clean(str(exc), 200)}): they power themselves off when their lease passes; "
+                 f"run: {cloud_command('guard', cloud.provider.name, profile=cloud.settings.source, region=cloud.provider.region, cluster=cloud.cluster)}")
+        return
+    who = f"a budget guard (pid {pid})" if pid is not None else "the cluster's budget guard"
+    ctx.emit("warning", reason="keep_slaves", message=f"kept {plural(len(kept), 'slave')} ({', '.join(kept)}): "
+             f"{who} renews their lease; release them with {down_command(cloud, cloud.cluster)}")
