@@ -10,6 +10,7 @@ are in dashboard.tcss). The README's sizes, 80x24, 100x30, 120x40 and 200x50, ar
 - Below 100 columns: one column that scrolls: hosts (up to 12 rows), training, cost, events.
   Tab / Shift+Tab move between the panels and scroll the screen to the focused one.
 - 40 rows or more: cost 9 rows, events 8; 30 to 39: cost 9, events 6; below 30: cost 7, events 4.
+  A profile without a cloud: the cost row holds its one note in 4 rows.
 
 What goes first when a panel is too narrow, in this fixed order (nothing is cut mid-number):
 1. Hosts, GPU rows: the utilisation sparkline, then the per-GPU name column (the model stays on

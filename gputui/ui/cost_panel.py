@@ -118,7 +118,7 @@ class CostPreview(Widget):
     """What `u` and `d` will do, from the last cost frame and the selected row; wraps to its width."""
 
     COMPONENT_CLASSES = {"cost--dim", "cost--key"}
-    text: reactive[str] = reactive("")
+    text: reactive[str] = reactive("", layout=True)  # its height follows the text (one or two lines)
 
     def render(self) -> Text:
         return Text(self.text, self.get_component_rich_style("cost--key", partial=True))
@@ -176,7 +176,10 @@ class CostPanel(Vertical):
         summary.frame, summary.eta_s, summary.note = frame, eta_s, note
         self._frame = frame
         table = self.query_one(SlavesTable)
-        table.display = frame is not None  # no cloud (or none yet): the note alone
+        if table.display != (frame is not None):
+            table.display = frame is not None  # no cloud (or none yet): the note alone, full width
+            self.set_class(frame is None, "-no-frame")
+            self.screen.set_class(frame is None, "-no-cloud")  # the cost row shrinks (dashboard.tcss)
         if frame is not None:
             table.show(frame)
         self.update_preview()
