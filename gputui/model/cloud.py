@@ -138,7 +138,7 @@ class InstanceRecord:
     launched: float
     terminated: float | None
     state: str
-    ended_by: str | None  # user, budget, interrupted, sweep, external, vanished; None while up
+    ended_by: str | None  # user, budget, interrupted, sweep, external, vanished, run-end, or self:<reason> (lease, budget, idle, max_hours: the slave's watchdog); None while up
     address: str | None
     prices: tuple[PricePoint, ...] = ()
 
