@@ -53,7 +53,7 @@ class Worker:
     ready: bool = False
     busy: Trial | None = None
     fatal: str | None = None
-    free_since: float | None = None  # when its last trial's result came (for the turnaround)
+    last_end: float | None = None  # the `time` of its last trial's last event (for the turnaround)
 
 
 @dataclass
@@ -342,9 +342,14 @@ class Scheduler:
         if trial is None or message.get("trial") != trial.number or not isinstance(event, dict):
             return
         kind = event.get("event")
-        if kind == "start" and worker.free_since is not None:
-            self.turnarounds_ms.append(1000 * (self.clock() - worker.free_since))
-            worker.free_since = None
+        stamp = protocol.number(event.get("time"))
+        if kind in ("done", "interrupted", "error"):
+            worker.last_end = stamp
+        elif kind == "start" and worker.last_end is not None and stamp is not None:
+            # the worker's own clock, from one trial's last event to the next one's first: the time the
+            # worker sat idle between trials (the master's round trip included), whatever the master's lag
+            self.turnarounds_ms.append(max(0.0, 1000 * (stamp - worker.last_end)))
+            worker.last_end = None
         if kind == "start":
             startup = protocol.number(message.get("startup_ms"))
             if startup is not None:
@@ -377,7 +382,6 @@ class Scheduler:
         if trial is None or message.get("trial") != trial.number:
             return
         worker.busy = None
-        worker.free_since = self.clock()
         self.spend.trial_s.append(self.clock() - trial.started)
         outcome = message.get("outcome")
         slot = worker.slot.name
@@ -415,7 +419,6 @@ class Scheduler:
         op = message["op"]
         if op == "ready":
             worker.ready = True
-            worker.free_since = None
             self.view.sweep("slot", slot=worker.slot.name, device=str(message.get("device")), state="ready",
                             pid=protocol.integer(message.get("pid")), load_s=protocol.number(message.get("load_s")))
         elif op == "fatal":
