@@ -112,7 +112,8 @@ class SSHHandle:
             raise
         except Exception as exc:  # noqa: BLE001 - paramiko's SSHException, a dropped connection
             raise GputuiError(f"host {host.name}: cannot start a worker ({exc or type(exc).__name__})") from None
-        threading.Thread(target=self._read_stderr, name=f"gputui-sweep-{slot}-err", daemon=True).start()
+        self._stderr = threading.Thread(target=self._read_stderr, name=f"gputui-sweep-{slot}-err", daemon=True)
+        self._stderr.start()
 
     # -- the Protocol ---------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -192,6 +193,7 @@ class SSHHandle:
     def _after_eof(self) -> None:
         """The worker's output ended: say why when no exit status came (a signal, or the host went).
         A dropped connection shows within a moment of the end of the output."""
+        self._stderr.join(EOF_SETTLE_S)  # its last words (a spot watcher's notice) come before the channel's end
         self.channel.status_event.wait(EOF_SETTLE_S)
         if self.channel.exit_status_ready() and self.channel.recv_exit_status() >= 0:
             return
@@ -210,7 +212,10 @@ class SSHHandle:
         buffer = b""
         try:
             while True:
-                data = self.channel.recv_stderr(65536)
+                try:
+                    data = self.channel.recv_stderr(65536)
+                except socket.timeout:  # the channel's timeout (set for stdout) applies here too
+                    continue
                 if not data:
                     break
                 buffer += data

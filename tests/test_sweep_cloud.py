@@ -1,0 +1,201 @@
+"""A sweep on cloud slaves it starts itself (gputui.sweep.cloudslots), on the simulated cloud: the
+slave is launched (spot), its host key learnt from its console, reached over SSH (a loopback sshd
+stands in for the instance), bootstrapped, given a worker with the spot watcher beside it; the
+budget stops new trials; the slave is released at the end and the ledger names the sweep."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from gputui.cloud.ledger import Ledger
+from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.sim import SimProvider, SimScript
+from gputui.cluster.manager import SlaveManager
+from gputui.hosts import HostSpec
+from gputui.model.cloud import ENDED_STATES, InstanceInfo
+from gputui.sweep import scheduler as sched
+from gputui.sweep import study as studies
+from gputui.sweep.cloudslots import CloudFleet, sweep_cluster
+from gputui.sweep.sim import SimSlot
+from gputui.sweep.space import parse_text
+
+from .cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, wait_no_leftovers  # noqa: F401
+from .moto_fixture import public_key_line
+
+TRIAL_S = 600.0  # each trial's start moves the sweep's clock on by this much
+
+
+class Seen:
+    """A sweep view that keeps what it was shown; each trial's start moves the hand clock on."""
+
+    def __init__(self, now: list[float], on_eval: Any = None) -> None:
+        self.now = now
+        self.on_eval = on_eval
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def sweep(self, kind: str, **fields: Any) -> None:
+        self.lines.append((kind, fields))
+
+    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
+        if event.get("event") == "start":
+            self.now[0] += TRIAL_S
+        if event.get("event") == "eval" and self.on_eval is not None:
+            self.on_eval(trial, slot)
+
+    def progress(self, p: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [f for k, f in self.lines if k == kind]
+
+
+def fleet(cluster_nodes: ClusterNodes, medium_data: Path, tmp_path: Path, gputui_home: Path, name: str,
+          node: int, run: str = "epochs = 1\n") -> tuple[Any, Any, SimProvider, CloudFleet]:
+    machine = cluster_nodes.node(node)
+    key = tmp_path / "id.pub"
+    key.write_text(public_key_line() + "\n")
+    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\n{run}\n'
+            f'[cloud]\nbudget_usd = 50.0\nzones = ["us-east-1a"]\nssh_cidr = "198.51.100.7/32"\npublic_key = "{key}"\n'
+            f'count = 1\n\n[sweep]\nname = "{name}"\ntrials = 10\nthreads = 1\npruner = "none"\n'
+            f'lr = [1e-3, 3e-2]\n')
+    profile, spec = parse_text(text, tmp_path / f"{name}.toml")
+    settings = sweep_cluster(profile, spec)
+    provider = SimProvider(script=SimScript(seed=1, launch_delay_s=0.3, shutdown_delay_s=0.1,
+                                            host_keys=(machine.host_public_key(),)))
+    ctx = CloudContext(settings.cloud, provider, Ledger(gputui_home / "ledger.sqlite3"), settings.name, "me")
+
+    def host_spec(info: InstanceInfo) -> HostSpec:  # the instance "is" the loopback sshd
+        return HostSpec(info.instance_id, machine.address, machine.port, "root", cluster_nodes.user_key)
+
+    return profile, spec, provider, CloudFleet(profile, spec, SlaveManager(settings, ctx, host_spec=host_spec),
+                                               ssh_wait_s=60)
+
+
+def test_a_budgeted_sweep_on_a_cloud_slave_stops_at_the_budget_and_releases_it(
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path) -> None:
+    profile, spec, provider, cloud = fleet(cluster_nodes, medium_data, tmp_path, gputui_home, "cb", 0)
+    slots = cloud.start()
+    assert len(slots) == 1 and len(cloud.started) == 1 and slots[0].name == f"{cloud.started[0]}-cpu"
+    rate = slots[0].usd_per_hour
+    assert rate > 0
+    # trials of TRIAL_S on the sweep's clock: one may start while spent + rate x TRIAL_S <= budget,
+    # so with 3.5 trials' worth of money, 3 start and the 4th would pass it
+    budget = rate * 3.5 * TRIAL_S / 3600
+    spec = replace(spec, budget_usd=budget)
+    now = [1000.0]
+    view = Seen(now)
+    study = studies.create(spec)
+    progress = sched.Scheduler(study, spec, profile.run, slots, view, clock=lambda: now[0]).run()
+
+    assert progress.done == 3 and len([t for t in study.get_trials() if studies.counted(t)]) == 3, view.lines
+    assert len(view.of("budget")) == 1 and progress.spent_usd <= budget
+    assert {f["slot"] for f in view.of("trial_done")} == {slots[0].name}
+    # released at the end: terminated in the simulated cloud, closed in the ledger under the sweep's name
+    ids = cloud.started
+    assert cloud.released == ids
+    assert all(i.state in ENDED_STATES for i in provider.describe(ids))
+    with Ledger(gputui_home / "ledger.sqlite3") as ledger:
+        records = ledger.instances(cluster="sweep-cb")
+        runs = [r for r in ledger.runs() if r[0] == "sweep-cb"]
+    assert [r.instance_id for r in records] == ids and all(r.terminated is not None for r in records)
+    assert records[0].ended_by == "run-end"
+    assert runs and runs[0][1] == "sweep-cb" and runs[0][3] is not None  # the sweep's run, ended
+    assert not wait_no_leftovers("-m gputui worker", "gputui.cloud.watcher")
+
+
+class FakeImds:
+    """IMDSv2 on loopback: one spot interruption notice, once armed."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.served = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self._reply(200, b"token")
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path.endswith("spot/instance-action") and owner.armed.is_set() and not owner.served.is_set():
+                    owner.served.set()
+                    self._reply(200, json.dumps({"action": "terminate", "time": "2030-01-01T00:00:00Z"}).encode())
+                else:
+                    self._reply(404, b"")
+
+            def _reply(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture()
+def imds() -> Iterator[FakeImds]:
+    server = FakeImds()
+    try:
+        yield server
+    finally:
+        server.server.shutdown()
+
+
+def test_a_spot_notice_ends_the_cloud_worker_and_its_trial_runs_again_elsewhere(
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path,
+        imds: FakeImds) -> None:
+    profile, spec, provider, cloud = fleet(cluster_nodes, medium_data, tmp_path, gputui_home, "spot", 1,
+                                           run="epochs = 4\nevals_per_epoch = 4\n")
+    spec = replace(spec, trials=5)
+    cloud.imds_url = imds.url
+    slots = cloud.start()
+    spot = slots[0]
+    sim = SimSlot("sim")
+    noticed: list[int] = []
+
+    def on_eval(trial: int, slot: str) -> None:  # the spot market takes the slave back mid-trial
+        if slot == spot.name and not noticed:
+            noticed.append(trial)
+            imds.armed.set()
+
+    now = [0.0]
+    view = Seen(now, on_eval)
+    study = studies.create(spec)
+    scheduler = sched.Scheduler(study, spec, profile.run, [spot], view)
+    original = scheduler._start
+
+    def start(worker: Any, trial: Any) -> None:  # the other slot joins once the cloud worker has a trial
+        original(worker, trial)
+        if worker.slot is spot and not any(w.slot is sim for w in scheduler.workers.values()):
+            scheduler._spawn(sim)
+
+    scheduler._start = start  # type: ignore[method-assign]
+    progress = scheduler.run()
+
+    assert noticed and imds.served.is_set(), view.lines
+    lost = [f for f in view.of("slot") if f.get("state") == "lost" and f["slot"] == spot.name]
+    assert lost and "spot interruption notice" in str(lost[0]["message"]), lost
+    requeued = view.of("requeued")  # the trial the cloud worker held then (the noticed one, or its next)
+    assert len(requeued) == 1 and requeued[0]["slot"] == spot.name, requeued
+    again = study.get_trials()[requeued[0]["trial"]]
+    assert again.state.name == "COMPLETE" and again.user_attrs["attempts"] == 2 and again.user_attrs["slot"] == "sim"
+    assert progress.done == 5 and len([t for t in study.get_trials() if studies.counted(t)]) == 5
+    assert cloud.released == cloud.started
+    assert not wait_no_leftovers("-m gputui worker", "gputui.cloud.watcher")
