@@ -245,3 +245,25 @@ def test_runs_screen_lists_overlays_and_deletes_only_after_asking(gputui_home: P
         await pilot.press("q")
 
     drive(app, scenario, size=(200, 50))
+
+
+def test_resume_from_the_runs_screen_of_a_complete_run_says_so(gputui_home: Path) -> None:
+    """r on a finished run: `gputui run --resume` says it is already complete and does nothing; the
+    dashboard says that too, and shows how the run ended (it did not fail)."""
+    done = fake_run(gputui_home, "20260101-000000-aaaa", h100_events())
+    app = create_app(make_backend())
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("R")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.loads, 30, "the runs listed")
+        await pilot.press("r")
+        assert not isinstance(app.screen, RunsScreen) and app.child is not None
+        assert app.child.argv[5:7] == ["--resume", str(done.path)]
+        await wait_for(pilot, lambda: "already complete" in log_text(app), 120, "the run's answer")
+        await pilot.pause()
+        assert app.training.status == "done" and app.training.run_id == "bg"
+        assert "done: 40 epoch(s)" in summary(app) and "failed" not in summary(app)
+        await pilot.press("q")
+
+    drive(app, scenario, size=(160, 50))

@@ -299,8 +299,10 @@ class TrainingActions(DashboardBase):
         stopped = self.child is not None and self.child.stop_requested
         said = self.training.status == "failed"  # its `error` event is in the log already
         if message.code == 0 and self.training.status == "starting" and message.error:
-            # e.g. a resume of a run that is complete: the run said so and did nothing
-            self.training = self.before_resume or TrainingState()
+            # A resume of a run that is complete: the run said so and did nothing; show how it ended.
+            run_dir = self.child.run_dir if self.child is not None else None
+            ended = TrainingState().replay(clean_tree(read_events(run_dir / EVENTS))) if run_dir is not None else None
+            self.training = ended if ended is not None and ended.ended else (self.before_resume or TrainingState())
             self.say(message.error, "warning", notify=True)
         else:
             self.training = self.training.exited(message.code, message.error if message.code else None, stopped)
