@@ -122,5 +122,5 @@ def test_a_host_that_drops_mid_trial_gives_the_trial_back_and_the_study_counts_e
 
 
 @pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
