@@ -18,6 +18,7 @@ from gputui.sweep.space import parse_text
 from tests.proc_support import Child
 
 from .cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, trust, wait_no_leftovers  # noqa: F401
+from .sshd_fixture import sshd_factory  # noqa: F401
 
 WAIT = 240  # s: a bootstrap and a dozen tiny trials on a slow, busy 2-core machine
 
@@ -124,3 +125,28 @@ def test_a_host_that_drops_mid_trial_gives_the_trial_back_and_the_study_counts_e
 @pytest.fixture(autouse=True)
 def _no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+
+
+def test_a_gpu_host_gets_trials_per_gpu_workers_on_each_of_its_gpus(sshd_factory: Any, gputui_home: Path,
+                                                                     tmp_path: Path) -> None:
+    from gputui.cluster.sshnode import SlaveConnection
+    from gputui.hosts import HostSpec
+    from gputui.sweep.remote import RemoteHost, host_slots, remote_gpu_count
+
+    server = sshd_factory("r535-a100x8")  # nvidia-smi there answers for eight A100s
+    trust(gputui_home, server)
+    conn = SlaveConnection(HostSpec("rig", server.address, server.port, "root", sshd_factory.user_key)).open_or_raise()
+    try:
+        gpus = remote_gpu_count(conn)
+    finally:
+        conn.close()
+    assert gpus == 8
+    text = '[run]\nmodel = "fast"\n[sweep]\nname = "g"\ntrials = 4\ntrials_per_gpu = 2\nlr = [1e-3, 1e-1]\n'
+    _profile, spec = parse_text(text, tmp_path / "g.toml")
+    host = RemoteHost("rig", lambda: None, None, None, gpus, usd_per_hour=16.0)  # a cloud slave's rate, shared
+    slots = host_slots(host, spec, spec.name)
+    assert [s.device for s in slots] == [f"cuda:{g}" for g in range(8) for _ in range(2)]
+    assert len({s.name for s in slots}) == 16 and slots[0].name == "rig-cuda0-0"
+    assert all(s.usd_per_hour == 1.0 for s in slots)
+    cpu = host_slots(RemoteHost("box", lambda: None, None, None, 0), spec, spec.name)
+    assert [(s.name, s.device, s.threads) for s in cpu] == [("box-cpu", "cpu", 1)]  # a CPU host: one worker

@@ -32,7 +32,7 @@ KILL_TIMEOUT_S = 10.0
 EOF_SETTLE_S = 2.0  # after a worker's output ends: time for its exit status, or for a dropped connection to show
 PID_TAG = "@@gputui-worker-pid "
 WATCH_INTERVAL_S = 2.0  # a cloud worker's spot watcher polls the metadata service this often
-_GPU_COUNT = "nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true"
+_GPU_COUNT = "nvidia-smi --query-gpu=index --format=csv,noheader,nounits 2>/dev/null || true"
 
 
 @dataclass
