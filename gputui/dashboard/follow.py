@@ -28,7 +28,8 @@ class Follower:
     `alive()` says whether the run may still write: once it is False and the file has nothing
     more, `events()` ends. Events before `history_end` (the file's size when following began)
     are history: `events()` yields them with `history=True` so that a view can fold them
-    without logging each one again."""
+    without drawing or logging each one; the last of them is not history (the view shows
+    the state it leads to)."""
 
     def __init__(self, path: Path, alive: Callable[[], bool], start: int = 0, interval_s: float = POLL_S,
                  max_read: int = MAX_READ, max_line: int = MAX_LINE) -> None:
@@ -80,7 +81,7 @@ class Follower:
             self._partial = b""
             event = self._parse(whole)
             if event is not None:
-                out.append((event, end <= self.history_end))
+                out.append((event, end < self.history_end))
         if self._skipping:
             return out
         self._partial += tail

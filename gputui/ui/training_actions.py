@@ -51,7 +51,7 @@ def post_events(events: Iterable[dict[str, Any] | tuple[dict[str, Any], bool]], 
     """Fold each event (in the worker) and post the new state and, for the events worth one, a log line.
 
     Items may be (event, history) pairs (a followed file: history is what it held before the
-    dashboard came; it is folded but not logged line by line). A resumed run first takes in its
+    dashboard came, but its last event; it is folded, not posted nor logged event by event). A resumed run first takes in its
     earlier events (`earlier`; not needed when the whole file is followed), so its curves go on
     from where they were."""
     for item in events:
@@ -60,8 +60,10 @@ def post_events(events: Iterable[dict[str, Any] | tuple[dict[str, Any], bool]], 
                 and event.get("run_dir")):
             state = replace(TrainingState(), attached=state.attached).replay(earlier_events(event["run_dir"]))
         state = state.fold(event)
+        if history:  # what a followed file held before: folded, not drawn event by event
+            continue
         post(TrainingUpdate(state, generation))
-        line = None if history else event_line(event)
+        line = event_line(event)
         if line:
             severity = {"interrupted": "warning", "error": "error"}.get(str(event.get("event")), "information")
             post(TrainingLine(line, severity, generation))
