@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,17 @@ def test_off_a_terminal_the_progress_is_a_plain_line_per_change(capsys: pytest.C
     err = capsys.readouterr().err.splitlines()
     assert err == ["s: 5/12 done, 2 running, 1 pruned, 1 failed, best 97.12% (#4), $0.0123 spent",
                    "trial 6 pruned on cpu-1 (lr=0.0123, batch_size=64)"]
+
+
+def test_local_slots_are_trials_per_gpu_workers_on_each_gpu_or_the_cpu_cores(tmp_path: Path) -> None:
+    from gputui.sweep.slots import local_slots
+
+    profile, spec = parse_text('[run]\nmodel = "fast"\n[sweep]\nname = "x"\nlr = [1e-3, 1e-1]\ntrials_per_gpu = 2\n',
+                               None)
+    gpus = local_slots(spec, profile.run, tmp_path, gpus=2)
+    assert [(s.name, s.device) for s in gpus] == [("cuda0-0", "cuda:0"), ("cuda0-1", "cuda:0"),
+                                                  ("cuda1-2", "cuda:1"), ("cuda1-3", "cuda:1")]
+    cpus = local_slots(spec, profile.run, tmp_path, workers=3, gpus=0)
+    assert [s.device for s in cpus] == ["cpu"] * 3 and all(s.threads == max(1, (os.cpu_count() or 1) // 3)
+                                                           for s in cpus)
+    assert local_slots(spec, profile.run, tmp_path, workers=0, gpus=0) == []
