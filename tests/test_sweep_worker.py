@@ -105,3 +105,24 @@ def test_a_worker_that_cannot_load_its_data_says_so_on_the_protocol(tmp_path: Pa
         fatal = child.wait_for(lambda e: e.get("op") == "fatal", WAIT, "the fatal line")
         assert child.finish(WAIT) == 2
     assert "no such data directory" in fatal["error"] and "\n" not in fatal["error"]
+
+
+def test_a_retried_trial_continues_from_the_checkpoint_its_dead_worker_left(small_data: Path, tmp_path: Path) -> None:
+    message = trial(0, small_data, tmp_path, epochs=40, batch_size=64)  # 8 steps an epoch
+    with worker(small_data) as first:
+        first.wait_for(lambda e: e.get("op") == "ready", WAIT, "the first worker's ready line")
+        send(first, message)
+        first.wait_for(lambda e: e.get("op") == "event" and e["data"]["event"] == "epoch", WAIT,
+                       "trial 0's first epoch (its checkpoint is written before the event)")
+        first.proc.kill()  # SIGKILL: no checkpoint on the way out
+    with worker(small_data) as second:
+        second.wait_for(lambda e: e.get("op") == "ready", WAIT, "the second worker's ready line")
+        send(second, {**message, "attempt": 2, "resume": True})
+        start = second.wait_for(lambda e: e.get("op") == "event" and e["data"]["event"] == "start", WAIT,
+                                "trial 0's start on the second worker")
+        assert start["data"]["resumed_from_step"] >= 8 and start["data"]["resumed_from_step"] % 8 == 0, start
+        send(second, {"op": "stop", "trial": 0, "reason": "pruned"})
+        result = second.wait_for(lambda e: e.get("op") == "result", WAIT, "the result of trial 0")
+        assert result["outcome"] == "stopped", result
+    kinds = [json.loads(line)["event"] for line in (tmp_path / "0" / "events.jsonl").read_text().splitlines()]
+    assert kinds.count("start") == 2  # one run directory, one log: the second attempt appended to it
