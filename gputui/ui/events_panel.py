@@ -98,6 +98,7 @@ class EventsLog(ScrollView, can_focus=True):
 
     def on_mount(self) -> None:
         self._rewrap()
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self._rewrap))
 
     def notify_style_update(self) -> None:
         super().notify_style_update()

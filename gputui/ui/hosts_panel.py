@@ -99,6 +99,18 @@ class HostsView(ScrollView, can_focus=True):
     def on_resize(self) -> None:
         self._rebuild()
 
+    def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, _theme: object) -> None:
+        """Another theme (L): the colours of every line, once the new variables are in place."""
+        self._styles = {}
+        self.call_after_refresh(self._restyle)
+
+    def _restyle(self) -> None:
+        self._styles = {}
+        self._rebuild()
+
     def notify_style_update(self) -> None:
         self._styles = {}
         super().notify_style_update()
