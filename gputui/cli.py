@@ -14,7 +14,7 @@ from gputui.errors import GputuiError, UserError
 # Subcommands that live in their own modules under gputui/commands/: each module has
 # `register(subparsers)`, which adds its parser and sets `handler`, and imports nothing
 # heavy at module level (so `gputui --help` stays fast).
-COMMAND_MODULES: tuple[str, ...] = ("gputui.commands.monitor", "gputui.commands.doctor", "gputui.commands.cloud", "gputui.commands.cost", "gputui.commands.ui", "gputui.commands.bench", "gputui.commands.cluster", "gputui.commands.runs")
+COMMAND_MODULES: tuple[str, ...] = ("gputui.commands.monitor", "gputui.commands.doctor", "gputui.commands.cloud", "gputui.commands.cost", "gputui.commands.ui", "gputui.commands.bench", "gputui.commands.cluster", "gputui.commands.runs", "gputui.commands.serve", "gputui.commands.sweep", "gputui.commands.worker")
 
 # flag -> (settings key, parser of the flag's text)
 RUN_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {

@@ -20,6 +20,7 @@ from gputui.cluster.settings import CLUSTER_SECTION
 from gputui.errors import UserError, read_user_file
 from gputui.hosts import HOSTS_SECTION
 from gputui.schema import Field, Section, Source
+from gputui.sweep.space import SWEEP_SECTION
 from gputui.train.recipes import MODEL_NAMES, RECIPES
 
 if sys.version_info >= (3, 11):
@@ -64,11 +65,20 @@ RUN_SECTION = Section(
     },
 )
 
+UI_SECTION = Section(
+    name="ui",
+    doc="The dashboard's behaviour.",
+    fields={
+        "confirm": Field("bool", "u (launch a slave) and d (terminate the selected one) ask first; "
+                         "the cost panel says what each will do either way.", False),
+    },
+)
+
 # Every table a profile may hold. Each feature's schema lives in a torch-free module and is
 # listed here, so that a profile is validated whole whatever has been imported.
 PROFILE_SECTIONS: dict[str, Section] = {
     "run": RUN_SECTION, "hosts": HOSTS_SECTION, "cloud": CLOUD_SECTION, "cluster": CLUSTER_SECTION,
-    "alerts": ALERTS_SECTION,
+    "alerts": ALERTS_SECTION, "sweep": SWEEP_SECTION, "ui": UI_SECTION,
 }
 
 

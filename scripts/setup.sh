@@ -22,12 +22,14 @@ command -v python3 >/dev/null 2>&1 || fail "no python3 on the PATH: install Pyth
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail "$(python3 -V 2>&1) is too old: gputui needs Python 3.10+"
 
 # System packages: the venv module where the distribution splits it off, and for the tests
-# OpenSSH's sshd (slaves on loopback) and tmux (the dashboard in a real terminal).
+# OpenSSH's sshd (slaves on loopback), tmux (the dashboard in a real terminal) and Debian's
+# chromium (`gputui serve` in a headless browser).
 missing=""
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing="python3-venv"
 if [ "$tests" = 1 ]; then
   [ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
   command -v tmux >/dev/null 2>&1 || missing="$missing tmux"
+  command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 fi
 if [ -n "$missing" ]; then
   command -v apt-get >/dev/null 2>&1 || fail "please install:$missing (no apt-get here to do it)"

@@ -291,6 +291,7 @@ class Scheduler:
                                 "profile": trial.profile, "run_dir": str(directory), "resume": resume})
         except WorkerGone:
             pass  # its output ends next: _lost gives the trial back
+        trial.handle.set_user_attr("slot", worker.slot.name)  # after the send: the dashboard's sweep view
 
     def _retry(self, trial: Trial, error: str, slot: str) -> None:
         trial.errors.append(error)
