@@ -242,6 +242,7 @@ def gpu_row(text: str) -> bool:
 
 # browser tests -----------------------------------------------------------------------------------
 @needs_chromium
+@pytest.mark.timeout(600)
 def test_the_page_draws_the_dashboard_and_keys_act(tmp_path: Path) -> None:
     serve = Serve(tmp_path / "home", "--demo")
 
@@ -269,8 +270,7 @@ def step_shown(text: str) -> int:
 
 
 @needs_chromium
-@pytest.mark.xfail(strict=True, reason="needs `t` to attach to a live run of the same profile (run dir pid file), "
-                   "which lands separately; remove this mark then")
+@pytest.mark.timeout(900)
 def test_two_tabs_pressing_t_train_one_run(tmp_path: Path) -> None:
     home = tmp_path / "home"
     serve = Serve(home, "--demo")
@@ -303,9 +303,9 @@ def test_the_dashboard_command_carries_the_profile_and_flags(tmp_path: Path) -> 
     parser = argparse.ArgumentParser()
     serve.register(parser.add_subparsers(dest="command"))
     profile = REPO / "profiles" / "fast.toml"
-    argv = serve.dashboard_argv(parser.parse_args(["serve", "--demo", "--profile", str(profile)]))
+    argv = serve.dashboard_argv(parser.parse_args(["serve", "--demo", "--light", "--profile", str(profile)]))
     assert argv[:4] == [sys.executable, "-m", "gputui", "ui"]
-    assert argv[4:] == ["--profile", str(profile.resolve()), "--demo"]
+    assert argv[4:] == ["--profile", str(profile.resolve()), "--demo", "--light"]
     argv = serve.dashboard_argv(parser.parse_args(["serve", "--port", "9"]))
     assert argv[4:] == ["--profile", str((REPO / "profiles" / "local.toml").resolve())]
 
@@ -374,3 +374,30 @@ def test_the_websocket_refuses_other_origins_and_hosts(tmp_path: Path) -> None:
         asyncio.run(main())
     finally:
         serve.stop()
+
+
+@needs_chromium
+@pytest.mark.timeout(900)
+@pytest.mark.xfail(strict=True, reason="a dashboard quit by its closed tab (textual-serve's quit: ExitApp, no "
+                   "finish()) with its run going never exits: its run-reading worker waits for the run, which is "
+                   "stopped only after the app's loop; fix in the dashboard's exit path, then remove this mark")
+def test_closing_the_tab_of_a_running_run_quits_its_dashboard(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    serve = Serve(home, "--demo")
+
+    async def scenario(browser: Chromium) -> None:
+        tab = await browser.open(serve.url)
+        await tab.wait(lambda s: "Hosts & GPUs" in s, 90, "the dashboard's first frame")
+        await tab.press("t")
+        await tab.wait(lambda s: step_shown(s) > 0, 180, "the run to train")
+        await browser.browser("Target.closeTarget", targetId=tab.target)
+        deadline = time.monotonic() + 120  # it may stop the run with a checkpoint first
+        while serve.dashboards():
+            assert time.monotonic() < deadline, "the dashboard outlived its closed tab by 120 s"
+            await asyncio.sleep(0.5)
+
+    try:
+        in_browser(tmp_path, serve, scenario)
+    finally:
+        for p in training_processes(home):
+            p.kill()
