@@ -306,6 +306,7 @@ def main() -> int:
                   f"(ratio {r['cpu_pct'] / STREAM_BUDGET_PCT:.2f}); curves changed {r['curve_hz']:.2f}/s, "
                   f"step shown {r['step_hz']:.2f}/s (screen sampled at 10 Hz; need >= {REDRAW_MIN_HZ:.0f}/s); "
                   f"last step shown {r['last_step']:.0f}; torch loaded: {'yes' if r['torch'] else 'no'}")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 1 if failed else 0
 
 
