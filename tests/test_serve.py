@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -56,7 +57,11 @@ class Serve:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
                                      start_new_session=True)
         assert self.proc.stdout is not None
-        first = self.proc.stdout.readline()  # bounded: the server prints it once bound, or exits
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(60)  # it prints the line once it listens, or exits
+        first = lines[0] if lines else "(nothing within 60 s)"
         found = re.search(r"http://[\d.]+:(\d+)", first)
         if found is None:
             self.stop()
