@@ -135,10 +135,18 @@ def list_runs(home: Path | None = None, ledger_path: Path | None = None, now: fl
     writing = runs.written_files(run.events for run in unfinished) if unfinished else set()
     statuses, costs = ledger_view(ledger_path, now)
     out = [summarize(run, logs[run.run_id],
-                     None if writing is None else run.events in writing,
+                     _running(run, writing) if _unfinished(logs[run.run_id]) else False,
                      statuses.get(run.run_id), costs.get(run.run_id))
            for run in found]
     return sorted(out, key=lambda s: (s.started if s.started is not None else float("inf"), s.run_id))
+
+
+def _running(run: runs.RunDir, writing: set[Path] | None) -> bool | None:
+    """Whether an unfinished run goes on: its run.pid's process is alive, or a process holds its
+    event log open for writing (None: neither can be known here)."""
+    if runs.live_process(run) is not None or (writing is not None and run.events in writing):
+        return True
+    return None if writing is None else False
 
 
 def _unfinished(events: Sequence[dict[str, Any]]) -> bool:

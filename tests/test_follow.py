@@ -111,3 +111,22 @@ def test_run_pid_names_a_live_process_not_a_later_one_with_its_pid(tmp_path: Pat
     assert run.pidfile.exists()
     runs.clear_pid(run, proc.pid)
     assert not run.pidfile.exists()
+
+
+def test_gputui_runs_calls_a_run_with_a_live_pid_running(tmp_path: Path) -> None:
+    """A run between two writes (a DDP launcher or a cluster master may hold no event log open)
+    is running while its run.pid's process lives, and stopped once it is gone without a last word."""
+    from gputui import history
+
+    run = runs.RunDir(tmp_path / "r1")
+    run.path.mkdir()
+    run.profile.write_text("[run]\nepochs = 2\n", encoding="utf-8")
+    run.events.write_text(json.dumps({"event": "start", "run_id": "r1", "epochs": 2}) + "\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    try:
+        runs.write_pid(run, proc.pid)
+        assert [s.state for s in history.list_runs(tmp_path, tmp_path / "no-ledger.sqlite3")] == ["running"]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [s.state for s in history.list_runs(tmp_path, tmp_path / "no-ledger.sqlite3")] == ["stopped"]
