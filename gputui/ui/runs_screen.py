@@ -42,6 +42,11 @@ def runs_bindings() -> list[BindingType]:
         Binding("R", "close", "Back", show=False), Binding("delete", "delete", "Delete", show=False)]
 
 
+# history.COLUMNS in the screen's order: what tells runs apart first (a narrow screen scrolls to the rest).
+SCREEN_ORDER = tuple(history.COLUMNS.index(name) for name in (
+    "id", "state", "epochs", "best acc", "final acc", "time", "cost", "model", "device", "strategy", "started", "note"))
+
+
 class RunsLoaded(Message):
     def __init__(self, listed: list[history.RunSummary] | None, error: str | None = None) -> None:
         super().__init__()
@@ -64,15 +69,14 @@ class RunsScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="runs"):
-            yield Static(Text(f"Runs in {self.home}: Space lays a run over the curves, r resumes, x deletes"),
-                         id="runs-title")
+            yield Static(Text(f"Runs in {self.home}"), id="runs-title")  # what each key does: the footer
             yield KeyedTable(id="runs-table", cursor_type="row", zebra_stripes=True)
             yield Static(id="runs-result")
         yield Footer()
 
     def on_mount(self) -> None:
         table = self.query_one(KeyedTable)
-        table.add_columns("overlay", *history.COLUMNS)
+        table.add_columns("overlay", *(history.COLUMNS[i] for i in SCREEN_ORDER))
         table.focus()
         self.reload()
 
@@ -98,7 +102,8 @@ class RunsScreen(Screen[None]):
         table.clear()
         for s in self.listed:
             mark = "●" if s.path in self.overlay else ""
-            table.add_row(Text(mark), *(Text(clean(cell)) for cell in history.cells(s)), key=s.path)
+            cells = history.cells(s)
+            table.add_row(Text(mark), *(Text(clean(cells[i])) for i in SCREEN_ORDER), key=s.path)
         if selected is not None and any(s.path == selected for s in self.listed):
             table.move_cursor(row=table.get_row_index(selected))
         if not self.listed:
@@ -241,6 +246,7 @@ class AttachScreen(ModalScreen[str | None]):
         note = (f"{len(message.found)} run(s) going" if message.found
                 else f"no run is going on this machine (under {self.home}); t starts one")
         self.query_one("#attach-note", Static).update(Text(clean(note)))
+        options.display = bool(message.found)
         if message.found:
             options.highlighted = 0
             options.focus()
