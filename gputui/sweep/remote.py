@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gputui.errors import GputuiError, UserError
+from gputui.runs import CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.slots import WorkerGone
 
 READ_TIMEOUT_S = 5.0  # how often a silent channel checks its connection is still up
 KILL_TIMEOUT_S = 10.0
+MAX_CHECKPOINT = 1 << 30
 EOF_SETTLE_S = 2.0  # after a worker's output ends: time for its exit status, or for a dropped connection to show
 PID_TAG = "@@gputui-worker-pid "
 WATCH_INTERVAL_S = 2.0  # a cloud worker's spot watcher polls the metadata service this often
@@ -47,6 +49,7 @@ class RemoteHost:
     gpus: int
     usd_per_hour: float = 0.0  # the whole host's rate (a cloud slave's), shared by its slots
     lock: threading.Lock = field(default_factory=threading.Lock)
+    files: threading.Lock = field(default_factory=threading.Lock)  # one SFTP copy at a time on the connection
     closed: bool = False
 
     def transport(self) -> Any:
@@ -99,6 +102,8 @@ class SSHHandle:
         self._tail: "collections.deque[str]" = collections.deque(maxlen=20)
         self._dropped: str | None = None
         self._no_status = False
+        self._current: tuple[str, str] | None = None  # the running trial's run directory: here, there
+        self.pulled: list[str] = []  # trial directories whose checkpoint came back after a death
         self._killed = False
         self._send_lock = threading.Lock()
         exports = [f"{k}={v}" for k, v in sorted(env.items())]
@@ -118,7 +123,11 @@ class SSHHandle:
     # -- the Protocol ---------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
         if message.get("op") == "trial":
+            local = str(message.get("run_dir"))
             message = self._localise(message)
+            if message.get("resume"):
+                message["resume"] = self._push_checkpoint(local, str(message["run_dir"]))
+            self._current = (local, str(message["run_dir"]))
         data = (protocol.encode(message) + "\n").encode()
         try:
             with self._send_lock:
@@ -151,6 +160,8 @@ class SSHHandle:
             buffer += data
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
+                if b'"op":"result"' in line:
+                    self._current = None  # the trial ended: nothing to pull back for it
                 yield line.decode("utf-8", errors="replace") + "\n"
             if len(buffer) > protocol.MAX_LINE:
                 buffer = b""  # a torn, over-long line: not a message
@@ -195,6 +206,7 @@ class SSHHandle:
         A dropped connection shows within a moment of the end of the output."""
         self._stderr.join(EOF_SETTLE_S)  # its last words (a spot watcher's notice) come before the channel's end
         self.channel.status_event.wait(EOF_SETTLE_S)
+        self._pull_checkpoint()
         if self.channel.exit_status_ready() and self.channel.recv_exit_status() >= 0:
             return
         deadline = time.monotonic() + EOF_SETTLE_S
@@ -233,6 +245,37 @@ class SSHHandle:
             pass
         finally:
             self._pid_known.set()
+
+    def _pull_checkpoint(self) -> None:
+        """The worker died in a trial: copy the trial's checkpoint back to the master (the retry, on
+        any slot, goes on from it). Nothing when the host is gone, or the trial had none yet."""
+        current, self._current = self._current, None
+        transport = self.host.conn.transport() if self.host.conn is not None else None
+        if current is None or transport is None or not transport.is_active():
+            return
+        local, remote = current
+        try:
+            Path(local).mkdir(parents=True, exist_ok=True)
+            with self.host.files:
+                if self.host.conn.get(f"{remote}/{CHECKPOINT}", Path(local) / CHECKPOINT, max_bytes=MAX_CHECKPOINT):
+                    self.pulled.append(local)
+        except Exception:  # noqa: BLE001 - no checkpoint back: the retry starts from the beginning
+            pass
+
+    def _push_checkpoint(self, local: str, remote: str) -> bool:
+        """A retried trial's checkpoint (pulled back earlier) to its run directory on this host."""
+        from gputui.cluster.sshnode import sh
+
+        source = Path(local) / CHECKPOINT
+        if not source.is_file():
+            return False
+        try:
+            self.host.conn.check(f"mkdir -p {sh(remote)}", what="creating a trial's directory")
+            with self.host.files:
+                self.host.conn.put(source, f"{remote}/{CHECKPOINT}")
+        except Exception:  # noqa: BLE001 - it starts from the beginning instead
+            return False
+        return True
 
     def _localise(self, message: dict[str, Any]) -> dict[str, Any]:
         """A trial message as the host sees it: its run directory, its copy of the data set."""
