@@ -48,6 +48,9 @@ class DeviceData:
             self._sets[directory] = load_dataset(Path(directory) if directory else None)
         return self._sets[directory]
 
+    def keep(self, directory: str | None, dataset: Any) -> None:
+        self._sets[directory] = dataset
+
     def install(self) -> None:
         """The seam: the trainer's `to_device` answers from this cache for the arrays it has seen
         (the same numpy arrays of a cached data set), and copies anything else as before."""
@@ -74,6 +77,13 @@ class Worker:
 
     def __init__(self, device_spec: str, threads: int | None, data: str | None, write: Write) -> None:
         t0 = time.perf_counter()
+        from gputui.train.startup import Prefetch
+
+        if data is not None and not Path(data).is_dir():  # said before torch's import, not after
+            from gputui.errors import UserError
+
+            raise UserError(f"{data}: no such data directory (--data takes a directory of IDX files)")
+        prefetch = Prefetch(Path(data) if data else None)  # decodes while torch imports
         import torch
 
         if threads:
@@ -91,7 +101,8 @@ class Worker:
         self.data_dir = data
         from gputui.train import loop
 
-        dataset = self.data.dataset(data)
+        dataset = prefetch.dataset()
+        self.data.keep(data, dataset)
         loop.to_device(dataset.train_images, dataset.train_labels, self.device)  # cached for every trial
         loop.to_device(dataset.test_images, dataset.test_labels, self.device)
         self.torch_version = torch.__version__
