@@ -37,60 +37,88 @@ class TrainingSummary(Widget):
                                  f"\npress t to train ({clean(self.profile)}), r to resume the last run, "
                                  "a to attach to a running one")
         width = max(20, self.size.width)
-        lines = [self._head(s), self._final(s) if s.ended else self._progress(s, width), self._numbers(s)]
+        lines = [self._head(s, width), self._final(s, width) if s.ended else self._progress(s, width),
+                 self._numbers(s, width)]
         for line in lines:
-            line.truncate(width, overflow="ellipsis")
+            line.truncate(width, overflow="ellipsis")  # only a line with no shorter form left
         return Text("\n").join(lines)
 
-    def _head(self, s: TrainingState) -> Text:
-        head = Text(f"● {s.status}", self._style("training--" + STATUS_CLASS.get(s.status, "dim")))
-        what = " · ".join(x for x in (s.model, s.device, s.strategy) if x)  # only what the run said
-        if what and s.world_size and s.world_size > 1:
-            what += f" x{s.world_size}"
-        who = "  ".join(x for x in (s.run_id, what) if x)
-        if not who and s.ended:
-            who = "before the run had started"
-        head.append(clean(f"  {who}" if who else ""))  # names from the run's events: data
-        if s.attached:
-            head.append("  (attached)", self._style("training--dim"))
+    # Each line drops detail in a fixed order to fit the panel's width, never cutting a number:
+    # the head drops "(attached)", then the strategy and device; the progress drops the bar, then
+    # the steps, then the percentage, then the rate (the epoch and the ETA stay); the numbers drop
+    # "trained", then the best accuracy, then the time.
+
+    def _head(self, s: TrainingState, width: int) -> Text:
+        style = self._style("training--" + STATUS_CLASS.get(s.status, "dim"))
+        named = [x for x in (s.model, s.device, s.strategy) if x]  # only what the run said
+        scale = f" x{s.world_size}" if s.world_size and s.world_size > 1 else ""
+        tails = [" · ".join(named) + scale if named else "", " · ".join(named[:1]), ""]
+        for what in dict.fromkeys(tails):
+            for attached in ((True, False) if s.attached else (False,)):
+                who = "  ".join(x for x in (s.run_id, what) if x)
+                if not who and s.ended:
+                    who = "before the run had started"
+                head = Text(f"● {s.status}", style)
+                head.append(clean(f"  {who}" if who else ""))  # names from the run's events: data
+                if attached:
+                    head.append("  (attached)", self._style("training--dim"))
+                if head.cell_len <= width:
+                    return head
         return head
 
     def _progress(self, s: TrainingState, width: int) -> Text:
         frac = s.fraction
-        progress = Text(f"epoch {s.epoch or 0}/{s.epochs or '?'}  step {units.count(s.step or 0)}/"
-                        f"{units.count(s.total_steps) if s.total_steps else '?'} ")
-        if width >= 70:
-            progress.append(bar(frac, max(4, min(20, width - 64))) + " ", self._style("training--bar"))
-        progress.append(f"{units.pct(None if frac is None else frac * 100)}  {units.rate(s.samples_per_s)}"
-                        f"  ETA {units.duration(s.eta_s)}")
-        return progress
+        epoch = f"epoch {s.epoch or 0}/{s.epochs or '?'}"
+        steps = f"step {units.count(s.step or 0)}/{units.count(s.total_steps) if s.total_steps else '?'}"
+        pct = units.pct(None if frac is None else frac * 100)
+        rate = units.rate(s.samples_per_s)
+        eta = f"ETA {units.duration(s.eta_s)}"
+        full = f"{epoch}  {steps}  {pct}  {rate}  {eta}"
+        room = width - len(full) - 1
+        if room >= 6:  # the bar goes between the steps and the percentage
+            text = Text(f"{epoch}  {steps} ")
+            text.append(bar(frac, min(20, room)), self._style("training--bar"))
+            text.append(f" {pct}  {rate}  {eta}")
+            return text
+        return Text(self._fit(width, full, f"{epoch}  {pct}  {rate}  {eta}", f"{epoch}  {rate}  {eta}",
+                              f"{epoch}  {eta}"))
 
-    def _final(self, s: TrainingState) -> Text:
+    @staticmethod
+    def _fit(width: int, *forms: str) -> str:
+        """The first (most detailed) form that fits, else the shortest."""
+        return next((form for form in forms if len(form) <= width), forms[-1])
+
+    def _final(self, s: TrainingState, width: int) -> Text:
         """How the run ended, in place of the progress and the ETA."""
         where = (f"epoch {s.epoch}/{s.epochs or '?'}, step {units.count(s.step)}" if s.step
                  else "before its first step")
         after = f" after {units.duration(s.elapsed_s)}" if s.elapsed_s is not None else ""
         if s.status == "done":
             epochs = s.epochs if s.epochs is not None else s.epoch
-            return Text(f"done: {epochs} epoch(s), {units.count(s.step)} steps in {units.duration(s.elapsed_s)}",
+            return Text(self._fit(width, f"done: {epochs} epoch(s), {units.count(s.step)} steps in "
+                                         f"{units.duration(s.elapsed_s)}",
+                                  f"done: {epochs} epoch(s) in {units.duration(s.elapsed_s)}"),
                         self._style("training--ok"))
         if s.status == "failed":
             return Text(clean(f"failed: {s.error or 'the run failed'}"), self._style("training--bad"))
         why = f" ({clean(s.reason)})" if s.reason else ""
         hint = "; r resumes it" if s.status == "interrupted" else ""
-        return Text(f"{s.status}{why} at {where}{after}{hint}", self._style("training--warn"))
+        return Text(self._fit(width, f"{s.status}{why} at {where}{after}{hint}", f"{s.status}{why} at {where}{hint}",
+                              f"{s.status}{why} at {where}", f"{s.status} at {where}"),
+                    self._style("training--warn"))
 
-    def _numbers(self, s: TrainingState) -> Text:
+    def _numbers(self, s: TrainingState, width: int) -> Text:
         if s.status == "failed" and not s.step:
             where = f"exit code {s.exit_code}" if s.exit_code is not None else "no step was trained"
             return Text(where, self._style("training--dim"))
-        loss = units.NA if s.loss is None else f"{s.loss:.4f}"
-        acc = units.NA if s.test_acc is None else f"{s.test_acc:.2f}%"
-        best = units.NA if s.best_acc is None else f"{s.best_acc:.2f}%"
-        text = f"loss {loss}  acc {acc}  best {best}  {units.duration(s.elapsed_s)} trained"
-        if s.status == "failed":
-            text = f"at epoch {s.epoch}/{s.epochs or '?'}, step {units.count(s.step)}:  " + text
-        return Text(text)
+        loss = f"loss {units.NA if s.loss is None else f'{s.loss:.4f}'}"
+        acc = f"acc {units.NA if s.test_acc is None else f'{s.test_acc:.2f}%'}"
+        best = f"best {units.NA if s.best_acc is None else f'{s.best_acc:.2f}%'}"
+        took = units.duration(s.elapsed_s)
+        prefix = f"at epoch {s.epoch}/{s.epochs or '?'}, step {units.count(s.step)}:  " if s.status == "failed" else ""
+        return Text(self._fit(width, f"{prefix}{loss}  {acc}  {best}  {took} trained",
+                              f"{prefix}{loss}  {acc}  {best}  {took}", f"{prefix}{loss}  {acc}  {took}",
+                              f"{prefix}{loss}  {acc}", f"{loss}  {acc}"))
 
 
 class TrainingChart(Widget):
