@@ -267,3 +267,34 @@ def test_resume_from_the_runs_screen_of_a_complete_run_says_so(gputui_home: Path
         await pilot.press("q")
 
     drive(app, scenario, size=(160, 50))
+
+
+def test_an_attached_run_killed_without_a_last_word_shows_stopped(gputui_home: Path) -> None:
+    """The followed run's process dies (SIGKILL: no `interrupted`, no `done`): the panel says it
+    stopped and how to go on, not "running" forever."""
+    import subprocess
+
+    run = fake_run(gputui_home, "20260103-000000-cccc", h100_events()[:12])
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    runs.write_pid(run, proc.pid)
+    app = create_app(make_backend())
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("a")
+        await wait_for(pilot, lambda: app.screen.found, 30, "the live run listed")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.training.status == "running" and app.training.step == 1170, 30,
+                       "the run's events folded")
+        assert "ETA" in summary(app) and "(attached)" in summary(app)
+        proc.kill()
+        await wait_for(pilot, lambda: app.training.status == "stopped", 30, "the run seen gone")
+        await pilot.pause()
+        assert "stopped (its process ended without a last event) at epoch 10/40" in summary(app)
+        assert "ETA" not in summary(app)
+        await pilot.press("q")
+
+    try:
+        drive(app, scenario, size=(200, 50))
+    finally:
+        proc.kill()
+        proc.wait()
