@@ -132,7 +132,7 @@ class CloudWatch:
     def poll(self) -> CloudFacts:
         from gputui.cloud.ledger import Ledger
         from gputui.errors import GputuiError
-        from gputui.model.cloud import committed_cost
+        from gputui.cloud import costs
 
         now = self.clock()
         try:
@@ -143,10 +143,10 @@ class CloudWatch:
             return CloudFacts(self.cluster, self.budget_usd, 0.0, 0.0, 0.0)
         with ledger:
             records = ledger.instances(cluster=self.cluster)
-            spent = sum(r.cost(now) for r in records)
+            spent = sum(costs.instance_cost(r, now) for r in records)
             spent += sum(kwh * rate for _s, cluster, _r, _a, _b, kwh, rate in ledger.energy() if cluster == self.cluster)
         running = [r for r in records if r.running]
-        committed = sum(committed_cost(r.launched, now, r.prices, 60.0) for r in running)
+        committed = sum(costs.committed_cost(r, now, 60.0) for r in running)
         return CloudFacts(self.cluster, self.budget_usd, spent, committed, sum(r.hourly_price for r in running))
 
 

@@ -128,6 +128,7 @@ public_key = "{key}"
 [cluster]
 name = "spot"
 cloud_slaves = 1
+master_addr = "127.0.0.1"
 rdzv_port = 0
 socket_ifname = "lo"
 join_timeout = 60

@@ -40,7 +40,7 @@ RELEASING_TWO = "stopping: 2 slaves being released"
 def sim_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Two cloud slaves on the simulated cloud (launched at once, running at once), the master trains too."""
     return sim_cloud_profile(tmp_path, monkeypatch, "stop", 50, "0",
-                             "trust_on_first_use = true\n\n[cluster]\nname = \"stop\"\ncloud_slaves = 2\n")
+                             "trust_on_first_use = true\n\n[cluster]\nname = \"stop\"\ncloud_slaves = 2\nmaster_addr = \"127.0.0.1\"\n")
 
 
 def start_run(profile: Path, data: Path, run_dir: Path) -> Child:
@@ -140,7 +140,7 @@ def test_a_slave_launched_before_its_wait_to_run_timed_out_is_released(tmp_path:
 
     key.write_text(public_key_line() + "\n")
     text = (f'[cloud]\nbudget_usd = 5.0\nzones = ["us-east-1a"]\nssh_cidr = "198.51.100.7/32"\npublic_key = "{key}"\n'
-            '[cluster]\nname = "slow"\ncloud_slaves = 1\n')
+            '[cluster]\nname = "slow"\ncloud_slaves = 1\nmaster_addr = "127.0.0.1"\n')
     settings = cluster_settings(parse_profile(text, tmp_path / "p.toml"))
     assert settings is not None and settings.cloud is not None
     provider = SimProvider(script=SimScript(launch_delay_s=1e9))  # launched, and never running

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from gputui.cloud.address import Resolver, lookup_public_ip, ssh_cidr
+from gputui.cloud.address import Resolver, resolver_for, ssh_cidr
 from gputui.cloud.lease import launch_tags
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.pricing import (ListPriceSource, PriceSource, launch_price, launch_rate, on_demand_price, quotes,
@@ -99,13 +99,13 @@ def key_pair_name(public_key: str) -> str:
     return "gputui-" + hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def plan_launch(ctx: CloudContext, count: int, resolver: Resolver = lookup_public_ip) -> LaunchPlan:
+def plan_launch(ctx: CloudContext, count: int, resolver: Resolver | None = None) -> LaunchPlan:
     """Price the allowed zones and order the attempts: spot cheapest first, then on-demand.
 
     The SSH source is settled first (the profile's ssh_cidr, or our public address).
     """
     s = ctx.settings
-    cidr = ssh_cidr(s.ssh_cidr, str(s.source), resolver)
+    cidr = ssh_cidr(s.ssh_cidr, str(s.source), resolver or resolver_for(ctx.provider.name))
     zones = list(s.zones) or ctx.provider.zones()
     if not zones:
         raise UserError(f"region {s.region} has no available zones")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from gputui.cloud.budget import BudgetGuard
+from gputui.cloud.leaks import ls_command
 from gputui.cloud.lifecycle import CloudContext, UpResult, launch, plan_launch, terminate, wait_running
 from gputui.cluster.settings import ClusterSettings
 from gputui.cluster.store import ClusterStore
@@ -134,7 +135,7 @@ class SlaveManager:
         if len(slaves) < minimum:
             self.release([s.instance_id for s in slaves if s.started_here])
             raise GputuiError(f"cluster {self.ctx.cluster}: only {len(slaves)} of the {minimum} cloud slave(s) "
-                              f"needed could be started; see `gputui cloud ls` and the budget in {self.settings.source}")
+                              f"needed could be started; see `{ls_command(self.ctx)}` and the budget in {self.settings.source}")
         now = self.ctx.clock()
         for slave in slaves:
             self.store.mark_busy(slave.instance_id, self.ctx.cluster, now)

@@ -12,6 +12,7 @@ import threading
 from typing import Callable, Sequence
 
 from gputui.cloud.budget import BudgetGuard
+from gputui.cloud.costs import instance_cost
 from gputui.cloud.fleet import fleet
 from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate
 from gputui.cloud.pricing import PriceBook
@@ -58,7 +59,7 @@ class SlaveControl:
             rec = records.get(info.instance_id)
             rate = rec.hourly_price if rec is not None and rec.running else entry.usd_per_hour
             lines.append(SlaveLine(info.instance_id, info.instance_type, info.zone, info.state, info.lifecycle,
-                                   info.launched, rate, rec.cost(now) if rec is not None else entry.cost_usd, entry.orphan))
+                                   info.launched, rate, instance_cost(rec, now) if rec is not None else entry.cost_usd, entry.orphan))
         running = [r for r in records.values() if r.running]
         return CostFrame(now, ctx.cluster, ctx.provider.name, ctx.provider.region, ctx.settings.instance_type,
                          self.guard.status(now), sum(r.hourly_price for r in running), tuple(lines))
