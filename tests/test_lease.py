@@ -330,3 +330,19 @@ def test_lease_settings_default_and_renewal_must_be_shorter_than_the_lease(tmp_p
         load_cloud_settings(profile)
     profile.write_text('[cloud]\nbudget_usd = 5\n[cluster]\nidle_stop_minutes = 0\n')
     assert load_cloud_settings(profile).idle_stop_minutes == 0.0  # the slaves' idle stop is the cluster's
+
+
+def test_gputui_cost_lists_each_self_stop_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ctx, clock, _sim = sim_context(tmp_path)
+    ctx.ledger.close()
+    ctx = CloudContext(ctx.settings, ctx.provider, Ledger(), "c1", "me", sleep=clock.sleep)  # the ledger `cost` reads
+    (a,) = (i.instance_id for i in up(ctx, 1))
+    clock.now = T0 + 5 * 3600
+    poll(ctx, PriceBook(ctx.provider, clock=clock))
+    ctx.ledger.close()
+    assert main(["cost", "--json"]) == 0
+    stops = json.loads(capsys.readouterr().out)["self_stops"]
+    assert stops == [{"instance_id": a, "cluster": "c1", "reason": "lease", "ended": T0 + LEASE_S}]
+    assert main(["cost"]) == 0
+    said = capsys.readouterr()
+    assert f"{a} (c1) powered itself off: lease at " in said.out + said.err

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
+
+
+def _reason(record: Any) -> str:
+    """lease, budget, idle or max_hours: why a slave's watchdog powered it off."""
+    return str(record.ended_by).split(":", 1)[1]
 
 
 def register(subparsers: Any) -> None:
@@ -28,6 +34,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     clusters, runs = ([], []) if ledger is None else report(ledger, now, since)
     sources = {} if ledger is None else ledger.price_sources(since)  # {cluster: where its rates came from}
     methods = {} if ledger is None else ledger.energy_methods(since)  # {cluster: how its energy was measured}
+    stops = [] if ledger is None else ledger.self_stops(since)  # slaves their watchdog powered off
     if ledger is not None:
         ledger.close()
     total = sum(line.usd for line in clusters)
@@ -36,7 +43,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
                          "clusters": [view.spend_json(c, now, sources.get(c.cluster, ()), methods.get(c.cluster, ()))
                                       for c in clusters],
                          "runs": [view.spend_json(r, now, sources.get(r.cluster, ()), methods.get(r.cluster, ()))
-                                  for r in runs]})
+                                  for r in runs],
+                         "self_stops": [{"instance_id": r.instance_id, "cluster": r.cluster, "reason": _reason(r),
+                                         "ended": r.terminated} for r in stops]})
         return 0
     if not clusters and not runs:
         view.say("no costs recorded yet" + (f" in the last {args.since:g} days" if since else ""))
@@ -45,6 +54,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
     view.spend_table(f"Spend per cluster, {window} (estimates)", clusters, now, "cluster", sources, methods)
     if runs:
         view.spend_table(f"Spend per run, {window} (estimates)", runs, now, "run", sources, methods)
+    for r in stops:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.terminated)) if r.terminated else "n/a"
+        view.say(f"{r.instance_id} ({r.cluster}) powered itself off: {_reason(r)} at {when}")
     view.say(f"total {view.money(total)} (estimate: per-second billing with the 60 s minimum at the recorded prices; "
              "AWS's bill is the reference)")
     return 0
