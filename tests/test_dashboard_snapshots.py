@@ -226,3 +226,38 @@ def test_the_light_flag_is_parsed_on_gputui_and_gputui_ui() -> None:
     assert parser.parse_args(["--light"]).light is True
     assert parser.parse_args(["ui", "--light"]).light is True
     assert parser.parse_args([]).light is False
+
+
+class WideFigures(RecordedSource):
+    """The H100 host with its widest figures: 100% busy, 100°C, 700/700 W, and a second GPU of
+    1000/1023 MiB, busy and power-capped (its throttle reason shows)."""
+
+    def poll(self) -> list[Any]:
+        from dataclasses import replace
+
+        gpu = self.host.gpus[0]
+        hot = replace(gpu, util_pct=100.0, temperature_c=100.0, power_w=700.0, mem_used_mib=9.9 * 1024,
+                      mem_total_mib=9.9 * 1024)
+        small = replace(gpu, index=1, util_pct=99.0, mem_used_mib=1000.0, mem_total_mib=1023.0,
+                        throttle=("sw_power_cap",))
+        return [replace(self.host, time=self.clock(), gpus=(hot, small))]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_gpu_rows_keep_every_figure_whole(size: tuple[int, int]) -> None:
+    clock = Clock()
+    app = create_app(make_backend(demo=False, source=WideFigures(clock), clock=clock, interval=3600))
+
+    async def scenario(pilot: Any) -> tuple[list[str], int]:
+        await polls(pilot, 2)
+        await pilot.pause()
+        view = app.query_one(HostsView)
+        return view.text_lines, view.scrollable_content_region.width
+
+    lines, width = drive(app, scenario, size=size)
+    hot, small = lines[1], lines[2]
+    for figure in ("100%", "9.9/9.9 GiB", "100°C", "700/700 W"):
+        assert figure in hot, (figure, hot)
+    assert "1000/1023 MiB" in small and "99%" in small, small
+    too_long = [line for line in lines if len(line) > width]
+    assert not too_long, f"lines wider than the panel ({width}) end in an ellipsis: {too_long}"

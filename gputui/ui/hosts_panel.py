@@ -34,7 +34,7 @@ BUSY_PCT = 5.0  # a GPU this busy or more that is throttled shows why (an idle G
 HOT_C = 83.0
 SEP = " · "
 # The figures of a GPU row, never dropped: index, util %, memory, temperature, power (widths padded).
-IDX_W, UTIL_W, MEM_W, TEMP_W, POWER_W = 2, 5, 11, 5, 10
+IDX_W, UTIL_W, MEM_W, TEMP_W, POWER_W = 2, 5, 12, 5, 10
 FIXED_W = IDX_W + UTIL_W + MEM_W + TEMP_W + POWER_W
 MAX_BAR, MAX_NAME, MAX_SPARK = 16, 18, 60
 MAX_MODEL = 32  # the host line's GPU model ("8× RTX 6000 Ada Generation" fits; a longer one ends in …)
@@ -208,17 +208,23 @@ class HostsView(ScrollView, can_focus=True):
             line.append((" " + name[: name_w - 1].ljust(name_w - 1), self._style("hosts--dim")))
         if bar_w:
             line += [(" ", None), (bar(None if util is None else util / 100.0, bar_w - 1, fill="░"), self._style("hosts--util"))]
+        util_at = len(line)
         line.append((f" {units.pct(util):>4}", None))
         if bar_w:
             line += [(" ", None), (bar(mem_frac, bar_w - 1, fill="░"), self._style("hosts--mem"))]
-        line += [
+        figures: Line = [
             (f" {units.mem(gpu.mem_used_mib, gpu.mem_total_mib)}".ljust(MEM_W), None),
             (f" {units.temp(gpu.temperature_c):>4}", self._style("hosts--hot") if hot else None),
             (f" {units.power(gpu.power_w, gpu.power_limit_w):>9}", None),
         ]
+        if sum(len(text) for text, _style in line + figures) > width:  # a wide figure: no padding then
+            figures = [(" " + text.strip(), style) for text, style in figures]
+            line[util_at] = (" " + line[util_at][0].strip(), None)
+        line += figures
         if throttle_w:
             text = throttle if len(throttle) < throttle_w else throttle[: max(0, throttle_w - 2)] + "…"
             line.append((" " + text, self._style("hosts--throttle")))
-        if spark_w and self.frame is not None:
+        spark_w = min(spark_w, width - sum(len(text) for text, _style in line))  # a wider figure takes from it
+        if spark_w >= 6 and self.frame is not None:
             line.append((" " + sparkline(self.frame.util.get((host.name, gpu.index), ()), spark_w - 1), self._style("hosts--spark")))
         return line
