@@ -298,3 +298,24 @@ def test_an_attached_run_killed_without_a_last_word_shows_stopped(gputui_home: P
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_exit_without_the_question_leaves_the_run_going_and_the_app_ends(medium_data: Path) -> None:
+    """`gputui serve` quits a dashboard whose tab was closed without q (no question can be asked):
+    the app ends at once, following nothing, and its run goes on by itself, as if kept."""
+    args = ["--data", str(medium_data), "--epochs", "40", "--threads", "1"]
+    app = create_app(make_backend(train_args=args))
+
+    async def scenario(pilot: Any) -> Any:
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.training.status == "running" and app.training.step, 120, "the first steps")
+        app.exit()  # what textual-serve's closed tab does: no action_quit
+        return app.child
+
+    child = drive(app, scenario)  # returns: no worker is left waiting for the run
+    try:
+        assert child.detached and child.follower.stopped
+        assert child.proc.poll() is None, "the run ended with the dashboard"
+    finally:
+        child.proc.send_signal(signal.SIGTERM)
+        assert child.proc.wait(120) == 0  # it checkpoints and exits as any run does

@@ -318,6 +318,15 @@ class TrainingActions(DashboardBase):
             self.feed.training(False)
         self.show_training()
 
+    def on_unmount(self) -> None:
+        """However the app ends (q, or a `gputui serve` tab closed: no question asked), nothing
+        follows a run any more, so no worker outlives the app; a run started here that was neither
+        stopped nor kept by an answer goes on by itself (its own session), as if kept."""
+        child = self.child
+        if child is not None and child.running and not child.detached and not child.stop_requested:
+            child.detach()
+        self.leave_runs()
+
     def leave_runs(self) -> None:
         """At quit: stop following (a run started here and kept goes on by itself)."""
         self._look_away()
