@@ -26,7 +26,8 @@ from gputui.sweep.cloudslots import CloudFleet, sweep_cluster
 from gputui.sweep.sim import SimSlot
 from gputui.sweep.space import parse_text
 
-from .cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, wait_no_leftovers  # noqa: F401
+from .cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel  # noqa: F401
+from .test_sweep_remote import sweep_processes
 from .moto_fixture import public_key_line
 
 TRIAL_S = 600.0  # each trial's start moves the sweep's clock on by this much
@@ -110,7 +111,7 @@ def test_a_budgeted_sweep_on_a_cloud_slave_stops_at_the_budget_and_releases_it(
     assert [r.instance_id for r in records] == ids and all(r.terminated is not None for r in records)
     assert records[0].ended_by == "run-end"
     assert runs and runs[0][1] == "sweep-cb" and runs[0][3] is not None  # the sweep's run, ended
-    assert not wait_no_leftovers("-m gputui worker", "gputui.cloud.watcher")
+    assert not sweep_processes(gputui_home, cloud.hosts[0].boot.base)
 
 
 class FakeImds:
@@ -198,4 +199,4 @@ def test_a_spot_notice_ends_the_cloud_worker_and_its_trial_runs_again_elsewhere(
     assert again.state.name == "COMPLETE" and again.user_attrs["attempts"] == 2 and again.user_attrs["slot"] == "sim"
     assert progress.done == 5 and len([t for t in study.get_trials() if studies.counted(t)]) == 5
     assert cloud.released == cloud.started
-    assert not wait_no_leftovers("-m gputui worker", "gputui.cloud.watcher")
+    assert not sweep_processes(gputui_home, cloud.hosts[0].boot.base)
