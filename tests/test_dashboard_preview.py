@@ -62,6 +62,13 @@ def test_the_cost_panel_says_what_u_and_d_will_do_and_a_notification_what_they_d
     drive(app, scenario, notifications=True)
 
 
+async def asked(pilot: Any, key: str) -> None:
+    """Press `key` and wait for its question (an answer pressed before it shows would reach the app)."""
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ChoiceScreen), what=f"{key} to ask first")
+    await pilot.pause()
+
+
 def test_ui_confirm_makes_u_and_d_ask_first(tmp_path: Path, gputui_home: Path) -> None:
     profile = tmp_path / "confirm.toml"
     profile.write_text(PROFILE + "[ui]\nconfirm = true\n", encoding="utf-8")
@@ -72,21 +79,21 @@ def test_ui_confirm_makes_u_and_d_ask_first(tmp_path: Path, gputui_home: Path) -
         await wait_for(pilot, lambda: app.cost_frame is not None and app.cost_frame.next_launch is not None,
                        what="the first cloud poll")
         assert "(asks first)" in preview(app)
-        await pilot.press("u")
-        assert isinstance(app.screen, ChoiceScreen), "u asks first"
+        await asked(pilot, "u")
         question = screen_text(app)
         assert "Launch 1 × g4dn.xlarge spot in us-east-1" in question and "/h" in question, question
         await pilot.press("c")  # cancel: nothing launched
         assert not isinstance(app.screen, ChoiceScreen) and "launch" not in provider.calls
-        await pilot.press("u", "l")  # launch
+        await asked(pilot, "u")
+        await pilot.press("l")  # launch
         await wait_for(pilot, lambda: rows(app) == 1, what="the slave")
         slave = app.query_one(SlavesTable).selected
-        await pilot.press("d")
-        assert isinstance(app.screen, ChoiceScreen), "d asks first"
+        await asked(pilot, "d")
         assert f"Terminate {slave} (g4dn.xlarge" in screen_text(app)
         await pilot.press("escape")
         assert rows(app) == 1 and "terminate" not in provider.calls
-        await pilot.press("d", "t")
+        await asked(pilot, "d")
+        await pilot.press("t")  # terminate
         await wait_for(pilot, lambda: rows(app) == 0, what="the slave gone")
         await pilot.press("q")
 
@@ -112,7 +119,8 @@ def test_clicks_select_a_slave_row_and_focus_a_panel(gputui_home: Path) -> None:
         await pilot.click(HostsView, offset=(2, 1))
         await pilot.pause()
         assert app.focused is app.query_one(HostsView)
-        await pilot.press("q", "t")
+        await asked(pilot, "q")
+        await pilot.press("t")  # terminate them, then quit
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
 
     drive(app, scenario)

@@ -62,7 +62,6 @@ class EventsLog(ScrollView, can_focus=True):
             self.refresh()
 
     def _wrap(self, stamp: str, text: str, severity: str, width: int) -> list[Strip]:
-        time_style = self.get_component_rich_style("events--time", partial=True)
         style = self.get_component_rich_style(SEVERITY_CLASS.get(severity, "events--info"), partial=True)
         indent = len(stamp) + 1
         body = Text()
@@ -71,9 +70,11 @@ class EventsLog(ScrollView, can_focus=True):
         rows = []
         for number, line in enumerate(folded):
             line.rstrip()
-            segments = [Segment(f"{stamp} " if number == 0 else " " * indent, time_style)]
+            # The time takes the line's colour: one run of text "12:00:01 epoch 3: ...", never two
+            # runs that a reader of the SVG snapshot could join as "12:00:01epoch".
+            segments = [Segment(f"{stamp} " if number == 0 else " " * indent, style)]
             segments += list(line.render(self.app.console, end=""))
-            rows.append(Strip(segments))
+            rows.append(Strip(segments).simplify())  # one segment per colour: one SVG text run
         return rows
 
     def _rewrap(self) -> None:

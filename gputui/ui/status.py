@@ -62,7 +62,7 @@ class StatusBar(Widget):
         late = [f"{what}: no answer for {duration(now - since)}" for what, since in sorted(self.waiting.items())
                 if now - since >= 3.0]
         right = Text(SEP.join(late) + SEP if late else "", style("status--warn"))
-        right.append(time.strftime("%H:%M:%S", time.localtime(self.clock())))
+        right.append(time.strftime("%H:%M:%S", time.localtime(self.clock())), style("status--dim"))
         width = max(1, self.size.width)
         room = max(0, width - right.cell_len - 1)
         parts = [(f"{SEP}profile {clean(self.profile)}", "status--dim")]
@@ -76,7 +76,8 @@ class StatusBar(Widget):
             if text.cell_len + len(part) <= room or name == "status--warn" or number == 0:
                 text.append(part, style(name))
         text.truncate(room, overflow="ellipsis")
-        text.append(" " * max(1, width - text.cell_len - right.cell_len))
+        # the gap and the clock in the profile's style: one run of text with it, words kept apart
+        text.append(" " * max(1, width - text.cell_len - right.cell_len), style("status--dim"))
         text.append_text(right)
         return text
 
