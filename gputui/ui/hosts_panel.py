@@ -69,7 +69,7 @@ def gpu_layout(width: int, throttle: str, name: str) -> tuple[int, int, int, int
     rest -= throttle_w
     bar_w = min(MAX_BAR, rest // 4) if rest >= 12 else 0
     rest -= 2 * bar_w
-    name_w = min(MAX_NAME, len(name) + 1) if rest >= 2 * min(MAX_NAME, len(name) + 1) else 0
+    name_w = min(MAX_NAME, len(name) + 1) if rest >= min(MAX_NAME, len(name) + 1) + 6 else 0
     rest -= name_w
     spark_w = min(MAX_SPARK, rest) if rest >= 6 else 0
     return throttle_w, bar_w, name_w, spark_w
