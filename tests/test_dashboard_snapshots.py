@@ -219,13 +219,16 @@ def test_l_switches_to_the_light_theme_and_back() -> None:
     assert light == LIGHT_THEME and dark == back != LIGHT_THEME
 
 
-def test_the_light_flag_is_parsed_on_gputui_and_gputui_ui() -> None:
+def test_gputui_light_starts_the_dashboard_in_the_light_theme(monkeypatch: pytest.MonkeyPatch) -> None:
     from gputui.cli import build_parser
+    from gputui.commands.ui import cmd_ui
 
+    themes: list[str] = []
+    monkeypatch.setattr(DashboardApp, "run", lambda self, *a, **k: themes.append(self.theme))
     parser = build_parser()
-    assert parser.parse_args(["--light"]).light is True
-    assert parser.parse_args(["ui", "--light"]).light is True
-    assert parser.parse_args([]).light is False
+    for argv in (["--demo", "--light"], ["ui", "--demo", "--light"], ["--demo"]):
+        assert cmd_ui(parser.parse_args(argv)) == 0
+    assert themes[:2] == [LIGHT_THEME, LIGHT_THEME] and themes[2] != LIGHT_THEME, themes
 
 
 class WideFigures(RecordedSource):
