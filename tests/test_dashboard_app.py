@@ -17,8 +17,6 @@ from gputui.ui.events_panel import EventsLog
 from gputui.ui.messages import CloudEventPosted, TrainingLine, TrainingUpdate
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
-from gputui.ui.training_actions import post_events
-from gputui.ui.training_panel import TrainingChart
 from tests.dashboard_support import (HangingProvider, HangingSource, drive, make_backend, screen_text, sim_provider,
                                      wait_for)
 
@@ -159,26 +157,6 @@ def run_events(losses: list[float]) -> list[dict[str, Any]]:
              "resumed_from_step": None, "run_dir": None}
     return [start] + [{"event": "step", "epoch": 1, "step": k + 1, "loss": loss, "samples_per_s": 1000.0, "lr": 0.01,
                        "elapsed_s": round(k * 0.01, 3)} for k, loss in enumerate(losses)]
-
-
-def test_the_loss_axis_covers_the_first_steps_however_fast_they_come() -> None:
-    """Once the chart's loss axis topped at 0.135 when the run's events said 2.552: queued updates
-    merged and lost the first points. A burst of 300 steps, all posted before the app draws one."""
-    losses = [round(2.552 * 0.985 ** k, 5) for k in range(300)]  # 2.552 down to ~0.03
-    app = create_app(make_backend())
-
-    async def scenario(pilot: Any) -> None:
-        post_events(run_events(losses), app.post_message, app.generation)
-        await wait_for(pilot, lambda: app.training.step == len(losses), 30, "the last step to reach the app")
-        await pilot.pause()
-        assert app.training.loss_points[0] == (1, 2.552) and len(app.training.loss_points) == len(losses)
-        top = app.query_one(TrainingChart).render().plain.splitlines()[0]
-        label = top.split("┤")[0].strip()
-        assert float(label) >= 2.552, top  # the axis's top label covers the first loss
-        assert f"{label}┤" in screen_text(app)  # and that is what the screen shows
-        await pilot.press("q")
-
-    drive(app, scenario)
 
 
 def test_a_crashed_run_shows_its_error_line() -> None:

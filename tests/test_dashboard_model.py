@@ -23,7 +23,6 @@ from gputui.dashboard.training import TrainingState, event_line
 from gputui.errors import UserError
 from gputui.model.telemetry import HostState
 from gputui.sources.sim import SimSource
-from gputui.ui.chart import training_chart
 from gputui.ui.draw import bar, duration, sparkline
 from tests.conftest import REPO
 
@@ -93,23 +92,6 @@ def test_bars_sparklines_durations() -> None:
     assert bar(0.0, 2, fill="░") == "░░" and bar(0.5, 1) == "▌" and bar(3 / 8, 1) == "▍"
     assert sparkline([0, 50, 100, None], 4) == "▁▅█ " and sparkline([100], 3) == "  █"
     assert (duration(None), duration(5), duration(125), duration(7500)) == ("n/a", "5s", "2m05s", "2h05m")
-
-
-def test_chart_draws_both_curves_with_axes() -> None:
-    from rich.style import Style
-
-    state = TrainingState().replay(EVENTS)
-    loss, acc, axis = Style(color="cyan"), Style(color="green"), Style(dim=True)
-    text = training_chart(state.loss_points, state.acc_points, 60, 12, 234, 234, loss, acc, axis)
-    lines = text.plain.splitlines()
-    assert len(lines) == 12 and all(len(line) == 60 for line in lines[:-1])
-    assert any(ch for line in lines for ch in line if 0x2801 <= ord(ch) <= 0x28FF)  # braille dots
-    assert "loss" in text.plain and "acc" in text.plain and "epoch" in lines[-1]
-    top = max(v for _, v in state.loss_points) * 1.1
-    assert f"{top:.3f}" in lines[0] and "100.0%" in lines[0]
-    styles = {span.style for span in text.spans}
-    assert loss in styles and acc in styles
-    assert "too small" in training_chart([], [], 10, 2, None, None, loss, acc, axis).plain
 
 
 def test_host_feed_keeps_utilisation_history() -> None:

@@ -10,10 +10,12 @@ Once the run has ended there is no ETA: `ended` and `outcome` say how it ended.
 
 from __future__ import annotations
 
+import copy
 import signal
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from gputui.curves import Curves
 from gputui.events import typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
 
@@ -71,6 +73,7 @@ class TrainingState:
     reason: str | None = None  # why an interrupted run stopped (SIGTERM, ...)
     mark: tuple[int, float] | None = None  # the last progress point (step, training clock) the rate is measured from
     attached: bool = False  # followed from its events file, not started by this dashboard
+    curves: Curves = Curves()  # the curves panel's data (gputui.curves), folded from the same events
 
     @property
     def active(self) -> bool:
@@ -103,6 +106,14 @@ class TrainingState:
 
     def fold(self, event: Mapping[str, Any]) -> "TrainingState":
         """This state after one event of `gputui run --json` (unknown events change nothing)."""
+        state = self._fold(event)
+        curves = self.curves.fold(event)
+        if curves is not state.curves:
+            state = copy.copy(state) if state is self else state
+            object.__setattr__(state, "curves", curves)
+        return state
+
+    def _fold(self, event: Mapping[str, Any]) -> "TrainingState":
         event = typed(event)
         kind = event.get("event")
         if kind == "start":

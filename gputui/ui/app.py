@@ -14,7 +14,6 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Grid
-from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from gputui.dashboard.setup import Backend
@@ -22,13 +21,15 @@ from gputui.errors import GputuiError
 from gputui.model.telemetry import HostState
 from gputui.ui.bindings import KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
+from gputui.ui.curve_actions import CurveActions
 from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView
 from gputui.ui.messages import (CloudEventPosted, CloudNote, CostPolled, EventLine, HostsPolled, RunStopping,
                                 SlavesChanged)
 from gputui.ui.process_actions import ProcessActions
 from gputui.ui.slave_actions import SlaveActions
-from gputui.ui.status import StatusBar
+from gputui.ui.status import DashboardFooter, StatusBar
+from gputui.ui.sweep_actions import SweepActions
 from gputui.ui.training_actions import TrainingActions
 from gputui.ui.training_panel import TrainingPanel
 
@@ -36,7 +37,7 @@ ACTIONS = {key.action for key in KEYS}
 FIRST_FRAME_ENV = "GPUTUI_FIRST_FRAME_FILE"  # benchmarks: the app writes time.time() here after its first frame
 
 
-class DashboardApp(ProcessActions, TrainingActions, SlaveActions):
+class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, SweepActions):
     CSS_PATH = "dashboard.tcss"
     BINDINGS = bindings()
     TITLE = "gputui"
@@ -50,7 +51,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions):
             yield TrainingPanel(id="training", classes="panel")
             yield CostPanel(id="cost", classes="panel")
             yield EventsLog(id="events", classes="panel")
-        yield Footer()
+        yield DashboardFooter()
 
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend)

@@ -19,17 +19,36 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("t", "toggle_training", "Train/stop", "Start the profile's training run (gputui run --json); again: stop it "
         "(it checkpoints and exits, resumable with r)."),
-    Key("r", "resume", "Resume", "Resume the last run from its checkpoint (gputui run --resume last --json)."),
+    Key("r", "resume", "Resume", "Resume the run on screen (else the last run) from its checkpoint "
+        "(gputui run --resume RUN --json)."),
+    Key("a", "attach", "Attach", "Attach to a run going on this machine, whoever started it (gputui run in "
+        "another terminal, a cluster run, a run kept running at quit): follow it, t stops it."),
+    Key("R", "runs", "Runs", "Past runs, as gputui runs lists them: lay runs over the curves (Space), resume one "
+        "(r), delete one (x, asks first).", "R"),
     Key("u", "launch_slave", "Slave up", "Launch one more spot slave now. The price and the budget effect go to the "
         "events log; refused with a message if it would break the budget."),
     Key("d", "terminate_selected", "Kill slave", "Terminate the slave selected in the cost panel, now."),
     Key("D", "terminate_all", "Kill all", "Terminate every slave of the cluster (asks first).", "D"),
     Key("P", "processes", "Processes", "Every compute process on every host's GPUs: sort, filter, and send SIGTERM, "
         "SIGINT or SIGKILL to one (asks first).", "P"),
+    Key("W", "sweep", "Sweep", "The sweep screen: the trials of the profile's sweep (else the newest) with their "
+        "state, value, parameters and slot, the best value so far against time, and which slot runs which trial; "
+        "n shows the next sweep.", "W"),
     Key("p", "choose_profile", "Profile", "Choose another profile (training, hosts and cloud follow it)."),
+    Key("x", "curves_axis", "Axis", "Curves: the next x axis (step, epoch, samples, training time)."),
+    Key("left_square_bracket", "curves_rougher", "Smooth-", "Curves: less smoothing (TensorBoard's debiased "
+        "moving average; 0 shows the raw curve alone).", "["),
+    Key("right_square_bracket", "curves_smoother", "Smooth+", "Curves: more smoothing (up to 0.99); the raw "
+        "curve stays, faint, under the smoothed one.", "]"),
+    Key("l", "curves_log", "Log", "Curves: the loss on a log or a linear scale."),
+    Key("e", "curves_export", "CSV", "Curves: write the run's curves to curves.csv in its run directory (the "
+        "format of `gputui runs export RUN_ID --csv`) and say where."),
+    Key("L", "toggle_theme", "Light", "Switch to the light theme (for light terminals) and back; "
+        "`gputui --light` starts in it.", "L"),
     Key("question_mark", "help", "Help", "Show this help.", "?"),
-    Key("q", "quit", "Quit", "Quit. With slaves running, asks: terminate them, keep them, or cancel. "
-        "A running training is stopped with a checkpoint first."),
+    Key("q", "quit", "Quit", "Quit. With a run started here going, asks: keep it running (headless; a attaches "
+        "again later), stop it with a checkpoint, or cancel. With slaves running, asks: terminate them, keep "
+        "them, or cancel."),
 )
 
 

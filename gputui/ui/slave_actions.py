@@ -22,8 +22,18 @@ class SlaveActions(DashboardBase):
         return False
 
     def action_launch_slave(self) -> None:
+        from gputui.ui.cost_panel import launch_text
+
         if self._no_cloud():
             return
+        if self.ui_confirm():  # [ui] confirm = true: ask first
+            self.push_screen(ChoiceScreen(launch_text(self.cost_frame, verb="Launch") + "?",
+                                          [("launch", "Launch", "warning"), ("cancel", "Cancel", "primary")]),
+                             lambda choice: self._launch() if choice == "launch" else None)
+            return
+        self._launch()
+
+    def _launch(self) -> None:
         self.say("u: launching one more spot slave ...")
         self.run_worker(self._launch_one, name="slave-launch", group="slaves", thread=True, exit_on_error=False)
 
@@ -34,7 +44,8 @@ class SlaveActions(DashboardBase):
             slaves = self.get_slaves()
             if slaves is None:
                 return
-            slaves.launch_one()
+            ids = slaves.launch_one()
+            self.post_message(CloudNote(self.launched_note(slaves, ids), notify=True))
         except BudgetRefusal as exc:
             self.post_message(CloudNote(str(exc), "warning", notify=True))
         except GputuiError as exc:
@@ -42,7 +53,7 @@ class SlaveActions(DashboardBase):
         self.post_message(SlavesChanged())
 
     def action_terminate_selected(self) -> None:
-        from gputui.ui.cost_panel import SlavesTable
+        from gputui.ui.cost_panel import SlavesTable, slave_text
 
         if self._no_cloud():
             return
@@ -51,17 +62,28 @@ class SlaveActions(DashboardBase):
             self.say("no slave selected (click a row in the cost panel, or move there with Tab and the arrows)",
                      "warning", notify=True)
             return
-        self.say(f"d: terminating {selected} ...")
-        self.run_worker(lambda: self._terminate([selected]), name="slave-terminate", group="slaves", thread=True,
-                        exit_on_error=False)
+        what = (slave_text(self.cost_frame, selected) if self.cost_frame is not None else None) or selected
 
-    def _terminate(self, ids: list[str] | None) -> None:
+        def terminate() -> None:
+            self.say(f"d: terminating {what} ...")
+            self.run_worker(lambda: self._terminate([selected], what), name="slave-terminate", group="slaves",
+                            thread=True, exit_on_error=False)
+
+        if self.ui_confirm():  # [ui] confirm = true: ask first
+            self.push_screen(ChoiceScreen(f"Terminate {what}?", [("terminate", "Terminate", "error"),
+                                                                ("cancel", "Cancel", "primary")]),
+                             lambda choice: terminate() if choice == "terminate" else None)
+            return
+        terminate()
+
+    def _terminate(self, ids: list[str] | None, what: str | None = None) -> None:
         """Worker: terminate `ids` (None: all of the cluster's slaves, once launches in flight are done)."""
         try:
             slaves = self.get_slaves()
             if slaves is not None:
                 count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
-                self.post_message(CloudNote(f"{count} slave(s) terminated"))
+                done = f"d: terminated {what}" if what and count else f"{count} slave(s) terminated"
+                self.post_message(CloudNote(done, notify=bool(what)))
         except GputuiError as exc:
             self.post_message(CloudNote(f"terminate failed: {exc}", "error", notify=True))
         self.post_message(SlavesChanged())
@@ -111,22 +133,57 @@ class SlaveActions(DashboardBase):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
+        """q: with a run started here going, ask first: keep it running (headless), stop it with a
+        checkpoint, or cancel; then, with slaves running, the slaves' question."""
         if self.quitting:
             return
+        child = self.child
+        if child is not None and child.running and not child.stop_requested and not child.detached:
+            run = self.training.run_id or "started here"
+            where = f" (epoch {self.training.epoch}/{self.training.epochs or '?'})" if self.training.epoch else ""
+
+            def run_chosen(choice: str | None) -> None:
+                if choice in ("keep", "stop"):
+                    self._quit_asking_slaves(keep_run=choice == "keep")
+
+            self.push_screen(ChoiceScreen(f"The run {run} is going{where}. Quit and:",
+                                          [("keep", "Keep it running", "success"),
+                                           ("stop", "Stop it (checkpoint)", "error"),
+                                           ("cancel", "Cancel", "primary")]), run_chosen)
+            return
+        self._quit_asking_slaves(keep_run=False)
+
+    def _let_run_go(self, keep_run: bool) -> str | None:
+        """At the last answer: let the run started here go on without the dashboard; what to say."""
+        child = self.child
+        if not keep_run or child is None or not child.running:
+            return None
+        child.detach()
+        run = self.training.run_id or "started here"
+        return (f"gputui: run {run} goes on without the dashboard (pid {child.pid}); `gputui` and a attach to it "
+                f"again, `kill -TERM {child.pid}` stops it with a checkpoint")
+
+    def _quit_asking_slaves(self, keep_run: bool) -> None:
+        """The slaves' question (if any run), then quit, keeping the run started here if asked to."""
         live = self.cost_frame.live if self.cost_frame is not None and not self.cloud_disabled else ()
         if not live:
-            self.finish(None)
+            self.finish(self._let_run_go(keep_run))
             return
 
         def chosen(choice: str | None) -> None:
             if choice == "terminate":
                 self.say("terminating the slaves before quitting ...")
                 self.quitting = True
+                self.exit_message = self._let_run_go(keep_run)
                 self.run_worker(self._terminate_then_finish, name="quit-terminate", group="slaves", thread=True,
                                 exit_on_error=False)
             elif choice == "keep":
-                self.finish(f"gputui: left running by your choice: {self.live_slaves_text()}; "
-                            "stop them with `gputui cloud down --all`")
+                said = self._let_run_go(keep_run)
+                from gputui.cloud.leaks import down_command
+
+                stop = down_command(self.slaves.ctx, self.slaves.ctx.cluster) if self.slaves is not None else "gputui cloud ls"
+                kept = f"gputui: left running by your choice: {self.live_slaves_text()}; stop them with `{stop}`"
+                self.finish(kept if said is None else f"{said}\n{kept}")
 
         self.push_screen(ChoiceScreen(f"{self.live_slaves_text()}. Terminate them before quitting?",
                                       [("terminate", "Terminate them", "error"), ("keep", "Keep them", "default"),
@@ -134,7 +191,7 @@ class SlaveActions(DashboardBase):
 
     def _terminate_then_finish(self) -> None:
         self._terminate(None)
-        self.call_from_thread(self.finish, None)
+        self.call_from_thread(self.finish, self.exit_message)
 
     def _stop_run_then_exit(self, message: str | None) -> None:
         """Worker: SIGTERM the run, wait for its checkpoint (SIGKILL after the grace time), exit."""
@@ -143,10 +200,11 @@ class SlaveActions(DashboardBase):
         self.call_from_thread(self.exit, None, 0, message)
 
     def finish(self, message: str | None) -> None:
-        """Stop the run (checkpoint) if one is going, then exit."""
+        """Stop the run started here (checkpoint) if one is going and was not kept running, then exit."""
         self.quitting = True
         self.exit_message = message
-        if self.child is not None and self.child.running:
+        self.leave_runs()  # stop following: a run attached to, or kept running, goes on
+        if self.child is not None and self.child.running and not self.child.detached:
             self.say("stopping the run (checkpoint) before quitting ...")
             self.run_worker(lambda: self._stop_run_then_exit(message), name="quit-training", group="training-stop",
                             thread=True, exit_on_error=False)

@@ -1,4 +1,4 @@
-"""Training: the run's state in three lines and a live chart of loss and test accuracy."""
+"""Training: the run's state in three lines and its curves (gputui.ui.curves)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.widget import Widget
 from gputui import units
 from gputui.dashboard.training import TrainingState
 from gputui.model.text import clean
-from gputui.ui.chart import training_chart
+from gputui.ui.curves import CurvesPanel
 from gputui.ui.draw import bar
 
 STATUS_CLASS = {"running": "ok", "starting": "ok", "stopping": "warn", "done": "ok", "interrupted": "warn",
@@ -121,27 +121,15 @@ class TrainingSummary(Widget):
                               f"{prefix}{loss}  {acc}", f"{loss}  {acc}"))
 
 
-class TrainingChart(Widget):
-    COMPONENT_CLASSES = {"chart--loss", "chart--acc", "chart--axis"}
-    state: reactive[TrainingState] = reactive(TrainingState)
-
-    def render(self) -> Text:
-        s = self.state
-        loss, acc, axis = (self.get_component_rich_style(name, partial=True)
-                           for name in ("chart--loss", "chart--acc", "chart--axis"))
-        return training_chart(s.loss_points, s.acc_points, self.size.width, self.size.height, s.total_steps,
-                              s.steps_per_epoch, loss, acc, axis)
-
-
 class TrainingPanel(Vertical):
     """The panel: summary above, chart below. `show()` hands both the new state."""
 
     def compose(self) -> ComposeResult:
         yield TrainingSummary(id="training-summary")
-        yield TrainingChart(id="training-chart")
+        yield CurvesPanel(id="training-chart")
 
     def show(self, state: TrainingState, profile: str) -> None:
         summary = self.query_one(TrainingSummary)
         summary.profile = profile
         summary.state = state
-        self.query_one(TrainingChart).state = state
+        self.query_one(CurvesPanel).state = state
