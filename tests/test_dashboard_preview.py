@@ -12,7 +12,7 @@ from textual.widgets._toast import Toast
 from gputui.ui.app import create_app
 from gputui.ui.cost_panel import CostPreview, SlavesTable
 from gputui.ui.hosts_panel import HostsView
-from gputui.ui.screens import ChoiceScreen
+from gputui.ui.screens import ChoiceScreen, HelpScreen
 from gputui.units import per_hour
 from tests.dashboard_support import drive, make_backend, screen_text, sim_provider, wait_for
 
@@ -119,6 +119,10 @@ def test_clicks_select_a_slave_row_and_focus_a_panel(gputui_home: Path) -> None:
         await pilot.click(HostsView, offset=(2, 1))
         await pilot.pause()
         assert app.focused is app.query_one(HostsView)
+        await pilot.click("#footer-pinned FooterKey")  # the footer's pinned "? Help" is a button too
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help from a click")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), what="the help to close")
         await asked(pilot, "q")
         await pilot.press("t")  # terminate them, then quit
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
