@@ -143,9 +143,11 @@ class SlavesTable(KeyedTable):
         for column in COLUMNS:  # no cell padding (narrow terminals): one trailing space separates columns
             self.add_column(column + " ", key=column)
 
-    def show(self, frame: CostFrame) -> None:
+    def show(self, frame: CostFrame) -> bool:
+        """Show the frame's slaves; True when a slave came or went."""
         wanted = {s.instance_id: s for s in frame.slaves}
         present = {k.value for k in self.rows if k.value is not None}
+        changed = present != set(wanted)
         for key in present - set(wanted):
             self.remove_row(key)
         wide = self.size.width >= 80
@@ -156,6 +158,7 @@ class SlavesTable(KeyedTable):
                     self.update_cell(slave.instance_id, column, value, update_width=True)
             else:
                 self.add_row(*cells, key=slave.instance_id)
+        return changed
 
     @property
     def selected(self) -> str | None:
@@ -180,8 +183,8 @@ class CostPanel(Vertical):
             table.display = frame is not None  # no cloud (or none yet): the note alone, full width
             self.set_class(frame is None, "-no-frame")
             self.screen.set_class(frame is None, "-no-cloud")  # the cost row shrinks (dashboard.tcss)
-        if frame is not None:
-            table.show(frame)
+        if frame is not None and table.show(frame) and self.screen.has_class("-narrow"):
+            self.scroll_visible(animate=False)  # one column that scrolls: a slave came or went, show it
         self.update_preview()
 
     def update_preview(self) -> None:
