@@ -13,9 +13,10 @@ are in dashboard.tcss). The README's sizes, 80x24, 100x30, 120x40 and 200x50, ar
   A profile without a cloud: the cost row holds its one note in 4 rows.
 
 What goes first when a panel is too narrow, in this fixed order (nothing is cut mid-number):
-1. Hosts, GPU rows: the utilisation sparkline, then the per-GPU name column (the model stays on
-   the host line), then the utilisation and memory bars. The figures (util %, memory used/total,
-   temperature, power/limit) are never dropped.
+1. Hosts, GPU rows: the utilisation sparkline, then a throttle reason (the power figure stays
+   coloured when a busy GPU is held back), then the per-GPU name column (the model stays on the
+   host line), then the utilisation and memory bars, then the padding between figures. The
+   figures (util %, memory used/total, temperature, power/limit) are never dropped nor cut.
 2. Hosts, host line: RAM, then CPU. The name and the GPU model stay; a reason (an unreachable
    host's error) wraps onto up to three lines below it.
 3. Status line: the mode note, then the profile is cut; the clock stays.

@@ -8,8 +8,9 @@ messages come from remote hosts: they are cleaned of control characters (segment
 markup). Focus it (Tab or a click) and the arrows, PgUp/PgDn, Home/End scroll it.
 
 What a narrow panel drops first (see gputui.ui's docstring for the whole order): the
-sparkline, then the per-GPU name column (the model stays on the host line), then the two
-bars; the figures (utilisation, memory, temperature, power) are never dropped nor cut. On the
+sparkline, then a throttle reason (the power figure stays coloured), then the per-GPU name
+column (the model stays on the host line), then the two bars; the figures (utilisation,
+memory, temperature, power) are never dropped nor cut. On the
 host line RAM goes first, then CPU; the name and the GPU model stay. A reason (an unreachable
 host's error) wraps onto the next lines rather than being cut.
 """
@@ -60,19 +61,21 @@ def gpu_model(host: HostSnapshot) -> str:
     return text if len(text) <= MAX_MODEL else text[: MAX_MODEL - 1] + "…"
 
 
-def gpu_layout(width: int, throttle: str, name: str) -> tuple[int, int, int, int]:
-    """How the optional parts of a GPU row share what the figures leave: (throttle, bar, name,
-    sparkline) widths. Added in this order, so a narrower panel drops them in reverse.
-    Each width counts the part's leading space."""
+def gpu_layout(width: int, throttle: str) -> tuple[int, int, int, int]:
+    """How the optional parts of a GPU row share what the figures leave: (bar, name, throttle,
+    sparkline) widths, each counting its leading space. The bars and the name column depend on
+    the width only, so every row of the panel lines up; a throttle reason takes from the
+    sparkline. A narrower panel drops the sparkline, then the throttle reason (the power figure
+    stays coloured), the name column, the bars."""
     rest = width - FIXED_W
-    throttle_w = min(len(throttle) + 1, max(0, rest)) if throttle else 0
-    rest -= throttle_w
     bar_w = min(MAX_BAR, rest // 4) if rest >= 12 else 0
     rest -= 2 * bar_w
-    name_w = min(MAX_NAME, len(name) + 1) if rest >= min(MAX_NAME, len(name) + 1) + 6 else 0
+    name_w = MAX_NAME if rest >= MAX_NAME + 12 else 0
     rest -= name_w
+    throttle_w = min(len(throttle) + 1, rest) if throttle and rest >= min(len(throttle) + 1, 8) else 0
+    rest -= throttle_w
     spark_w = min(MAX_SPARK, rest) if rest >= 6 else 0
-    return throttle_w, bar_w, name_w, spark_w
+    return bar_w, name_w, throttle_w, spark_w
 
 
 class HostsView(ScrollView, can_focus=True):
@@ -199,13 +202,14 @@ class HostsView(ScrollView, can_focus=True):
         busy = gpu.throttled and (util or 0.0) >= BUSY_PCT
         throttle = clean(throttle_text(gpu.throttle), 60) if busy else ""
         name = short_name(gpu.name)
-        throttle_w, bar_w, name_w, spark_w = gpu_layout(width, throttle, name)
+        bar_w, name_w, throttle_w, spark_w = gpu_layout(width, throttle)
         mem_frac = None if gpu.mem_pct is None else gpu.mem_pct / 100.0
         hot = gpu.temperature_c is not None and gpu.temperature_c >= HOT_C
         # Each part starts with its space: "  0 ████░░ 22% ██░░ 1.5/80 GiB 34°C 57/400 W".
         line: Line = [(f"{gpu.index:>2}", None)]
         if name_w:
-            line.append((" " + name[: name_w - 1].ljust(name_w - 1), self._style("hosts--dim")))
+            shown = name if len(name) < name_w else name[: name_w - 2] + "…"
+            line.append((" " + shown.ljust(name_w - 1), self._style("hosts--dim")))
         if bar_w:
             line += [(" ", None), (bar(None if util is None else util / 100.0, bar_w - 1, fill="░"), self._style("hosts--util"))]
         util_at = len(line)
@@ -215,7 +219,7 @@ class HostsView(ScrollView, can_focus=True):
         figures: Line = [
             (f" {units.mem(gpu.mem_used_mib, gpu.mem_total_mib)}".ljust(MEM_W), None),
             (f" {units.temp(gpu.temperature_c):>4}", self._style("hosts--hot") if hot else None),
-            (f" {units.power(gpu.power_w, gpu.power_limit_w):>9}", None),
+            (f" {units.power(gpu.power_w, gpu.power_limit_w):>9}", self._style("hosts--throttle") if busy else None),
         ]
         if sum(len(text) for text, _style in line + figures) > width:  # a wide figure: no padding then
             figures = [(" " + text.strip(), style) for text, style in figures]
