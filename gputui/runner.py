@@ -74,6 +74,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     base = load_profile(profile_path).run if profile_path is not None else RunSettings()
     cfg = base.merged(req.overrides).resolve()
     check(cfg)
+    _check_cluster(profile_path)
     run = runs.create(req.run_dir)
     try:
         run.profile.write_text(cfg.to_toml(), encoding="utf-8")
@@ -81,6 +82,19 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         raise UserError(f"cannot write {run.profile}: {exc.strerror or exc}") from None
     remember_cluster(run.path, profile_path)  # a profile with [cluster] trains across its nodes
     return run, cfg, False
+
+
+def _check_cluster(profile_path: Path | None) -> None:
+    """A cluster the master cannot train in is refused before its run directory exists."""
+    if profile_path is None:
+        return
+    from gputui.cluster.settings import cluster_settings
+    from gputui.profiles import load_profile
+
+    settings = cluster_settings(load_profile(profile_path))
+    refused = settings.master_unreachable() if settings is not None else None
+    if refused:
+        raise UserError(refused)
 
 
 def check(cfg: RunConfig) -> None:

@@ -68,6 +68,7 @@ def test_a_training_master_with_cloud_slaves_across_nat_is_refused_before_anythi
     # Nothing was launched, not even asked for.
     assert not (gputui_home / "cloud-sim.json").exists()
     assert not (gputui_home / "ledger.sqlite3").exists()
+    assert not (tmp_path / "run").exists()  # refused before its run directory was made
 
 
 @pytest.fixture(scope="module")
