@@ -86,6 +86,9 @@ class DashboardFooter(Footer):
     """Textual's footer with the keys in PINNED docked at its right end: at 80 columns the
     others scroll (mouse wheel) but ? and q never leave the screen."""
 
+    def on_resize(self) -> None:
+        self.compact = self.size.width < 120  # less room between keys: more of them show
+
     def compose(self) -> ComposeResult:
         pinned: list[FooterKey] = []
         for widget in super().compose():
