@@ -16,7 +16,7 @@ threads) over the window, after a warm-up, as a percentage of one core.
    the way it follows any run on this machine.
 
    Redraws are counted from the screen itself: the pane is captured every 0.1 s and the
-   curves (the training panel's rows below its text lines) and the step shown are compared
+   curves (the training panel's rows below its text lines) and its progress line are compared
    with the previous capture; changes per second are a lower bound of the redraw rate
    (at most 10/s can be seen).
 
@@ -42,6 +42,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -209,33 +210,33 @@ def curves(screen: str) -> str:
     return ""
 
 
-def step_of(screen: str) -> int | None:
-    found = re.search(r"step ([\d,]+)", "\n".join(training_panel(screen)))
-    return int(found.group(1).replace(",", "")) if found else None
+def progress_of(screen: str) -> str | None:
+    """The training panel's progress line (epoch, steps or percentage, rate, ETA: what fits)."""
+    return next((row.strip() for row in training_panel(screen) if re.search(r"\bepoch \d", row)), None)
 
 
-def measure(proc: psutil.Process, tmux: Tmux, seconds: float) -> dict[str, float]:
+def measure(proc: psutil.Process, tmux: Tmux, seconds: float) -> dict[str, Any]:
     """CPU of the dashboard over `seconds`, with the screen's changes counted at 10 Hz."""
     curve_changes = step_changes = samples = 0
     screen = tmux.screen()
-    last_curve, last_step = hashlib.sha1(curves(screen).encode()).digest(), step_of(screen)
+    last_curve, last_step = hashlib.sha1(curves(screen).encode()).digest(), progress_of(screen)
     before, t0 = proc.cpu_times(), time.monotonic()
     while time.monotonic() - t0 < seconds:
         time.sleep(0.1)
         screen = tmux.screen()
         samples += 1
-        curve, step = hashlib.sha1(curves(screen).encode()).digest(), step_of(screen)
+        curve, step = hashlib.sha1(curves(screen).encode()).digest(), progress_of(screen)
         curve_changes += curve != last_curve
         step_changes += step != last_step
         last_curve, last_step = curve, step
     after, t1 = proc.cpu_times(), time.monotonic()
     used = (after.user - before.user) + (after.system - before.system)
     return {"cpu_pct": 100.0 * used / (t1 - t0), "window_s": t1 - t0, "curve_hz": curve_changes / (t1 - t0),
-            "step_hz": step_changes / (t1 - t0), "samples": samples, "last_step": float(last_step or -1)}
+            "step_hz": step_changes / (t1 - t0), "samples": samples, "last_progress": last_step or "n/a"}
 
 
 # the two measurements -----------------------------------------------------------------------------
-def idle(home: Path, args: argparse.Namespace) -> dict[str, float]:
+def idle(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     tmux, proc = start_dashboard(home, args.hosts, args.gpus)
     try:
         time.sleep(args.warmup)
@@ -246,7 +247,7 @@ def idle(home: Path, args: argparse.Namespace) -> dict[str, float]:
         tmux.kill()
 
 
-def streaming(home: Path, args: argparse.Namespace) -> dict[str, float]:
+def streaming(home: Path, args: argparse.Namespace) -> dict[str, Any]:
     tmux, proc = start_dashboard(home, args.hosts, args.gpus)
     profile = (REPO / "profiles" / "local.toml").resolve()
     env = dict(os.environ, GPUTUI_HOME=str(home))
@@ -258,7 +259,8 @@ def streaming(home: Path, args: argparse.Namespace) -> dict[str, float]:
         if not run_dir:
             raise RuntimeError(f"the stand-in run did not start: {feeder.stderr.read() if feeder.stderr else ''}")
         tmux("send-keys", "-t", "dash", "t")  # a live run of this profile: t attaches to it
-        tmux.wait(re.compile(r"step [\d,]{3,}"), 60, "the dashboard to follow the stand-in run")
+        run_id = Path(run_dir).name
+        tmux.wait(re.compile(rf"running +{re.escape(run_id)}"), 60, "the dashboard to follow the stand-in run")
         if own_runs(home):
             raise RuntimeError("t started a training run of its own instead of attaching to the live one")
         time.sleep(args.warmup)
@@ -304,8 +306,8 @@ def main() -> int:
             print(f"streaming {args.rate:.0f} events/s ({r['events']:.0f} written), same hosts: {r['cpu_pct']:.2f}% "
                   f"of one core over {r['window_s']:.0f} s; budget {STREAM_BUDGET_PCT:.0f}% "
                   f"(ratio {r['cpu_pct'] / STREAM_BUDGET_PCT:.2f}); curves changed {r['curve_hz']:.2f}/s, "
-                  f"step shown {r['step_hz']:.2f}/s (screen sampled at 10 Hz; need >= {REDRAW_MIN_HZ:.0f}/s); "
-                  f"last step shown {r['last_step']:.0f}; torch loaded: {'yes' if r['torch'] else 'no'}")
+                  f"progress line {r['step_hz']:.2f}/s (screen sampled at 10 Hz; need >= {REDRAW_MIN_HZ:.0f}/s); "
+                  f"last progress line {r['last_progress']!r}; torch loaded: {'yes' if r['torch'] else 'no'}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 1 if failed else 0
 
