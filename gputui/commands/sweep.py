@@ -105,6 +105,7 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
     if not slots:
         raise UserError(f"sweep {spec.name}: no slot to run trials on ([sweep] workers = 0 or --workers 0, and no "
                         "GPU); give workers >= 1")
+    from gputui.sweep.cloudslots import fleet_name
     from gputui.sweep.scheduler import Scheduler
     from gputui.sweep.view import make_view
 
@@ -126,14 +127,16 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
     scheduler.attach(study)
     view_.sweep("start", name=spec.name, trials=spec.trials, slots=len(slots), storage=studies.storage_url(),
                 requeued=requeued or None, resumed=resume is not None)
-    _ledger(spec.name, None)
+    # With [cloud], the fleet's slaves carry the sweep's cluster name: the run goes under it too.
+    cluster = fleet_name(spec.name) if "cloud" in profile.tables else "local"
+    _ledger(spec.name, None, cluster)
     status = "failed"
     try:
         with _stop_on_signals(stop, scheduler):
             progress = scheduler.run()
         status = "interrupted" if stop.is_set() else "done"
     finally:
-        _ledger(spec.name, status)
+        _ledger(spec.name, status, cluster)
         view_.close()
     view_.sweep("end", name=spec.name, done=progress.done, trials=spec.trials, complete=progress.complete,
                 pruned=progress.pruned, failed=progress.failed, best=progress.best, best_trial=progress.best_trial,
@@ -147,19 +150,20 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
     return 0
 
 
-def _ledger(name: str, ended: str | None) -> None:
+def _ledger(name: str, ended: str | None, cluster: str) -> None:
     """The sweep in the cost ledger under its own name (never fails the sweep)."""
     import sqlite3
 
     from gputui.cloud.ledger import Ledger
     from gputui.errors import GputuiError
+    from gputui.sweep.cloudslots import fleet_name
 
     try:
         with Ledger() as ledger:
             if ended is None:
-                ledger.start_run(f"sweep-{name}", "local", time.time())
+                ledger.start_run(fleet_name(name), cluster, time.time())
             else:
-                ledger.end_run(f"sweep-{name}", time.time(), ended)
+                ledger.end_run(fleet_name(name), time.time(), ended)
     except (GputuiError, sqlite3.Error, OSError) as exc:
         print(f"gputui: warning: sweep not recorded in the cost ledger ({exc})", file=sys.stderr)
 
