@@ -373,18 +373,19 @@ def test_dashboard_panels_draw_hostile_text_as_text() -> None:
         assert_inert(shown)
         lines = shown.split("\n")
         assert len(lines) == 40 and {cell_len(line) for line in lines} == {200}, shown  # nothing broke the layout
-        hosts = [app.query_one(HostsView).render_line(y).text for y in range(4)]
-        assert hosts[0].startswith("● rig [/]  cpu n/a") and f"note {MARKUP}cl…" in hosts[0], hosts
-        assert hosts[1].startswith(" 0 two lines [/] [ ") and hosts[2].startswith(" 1 [/]WWWWWWWWWWWW "), hosts  # names
-        assert hosts[3].startswith("✖ ZZZZZZZZZZ") and hosts[3].rstrip().endswith("Z…")  # the 10 kB name, cut
+        hosts = [app.query_one(HostsView).render_line(y).text for y in range(5)]
+        assert hosts[0].startswith("● rig [/] · two lines [/] [") and "· cpu n/a" in hosts[0], hosts  # GPU model
+        assert hosts[1].startswith(f"    note {MARKUP}clickx"), hosts  # the host's message, on its own line
+        assert hosts[2].startswith(" 0 two lines [/] [l… ") and hosts[3].startswith(" 1 [/]WWWWWWWWWWWWW… "), hosts
+        assert hosts[4].startswith("✖ ZZZZZZZZZZ") and hosts[4].rstrip().endswith("Z…")  # the 10 kB name, cut
         assert "● failed  r[/] [link=https://evil.example/]" in shown  # the training panel
-        assert "│ gputui: error: [/] [link=https://evil.example/]" in shown
+        assert "│ failed: gputui: error: [/] [link=https://evil.example/]" in shown  # its one error line
         assert " i-[/] [link=https://evil.example/]click[/link] [bold] g5 " in shown  # the slave's row
         assert " slave [/] [link=https://evil.example/]" in shown  # the log (toasts cover its right side)
         assert f"slave {MARKUP}clickx   " in events.lines_written
         assert all(not CONTROL.search(line) for line in events.lines_written)
         toasts = sorted(str(t.render()) for t in app.screen.query(Toast))
-        assert toasts == [f"note {MARKUP}clickx   ", f"run failed (exit 1): gputui: error: {MARKUP}clickx   "], toasts
+        assert toasts == [f"note {MARKUP}clickx   ", f"run failed (exit 1): gputui: error: {MARKUP}clickx"], toasts  # one line, stripped
         await pilot.press("q")
 
     drive(app, scenario, size=(200, 40), notifications=True)  # wide: the hosts panel shows GPU names
@@ -399,7 +400,7 @@ def test_dashboard_dialogs_show_hostile_names_as_text(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: app.cloud_polls >= 1, what="a cloud poll")
         app.post_message(CostPolled(hostile_frame()))
         await wait_for(pilot, lambda: app.cost_frame is not None, what="the hostile cost frame")
-        assert "gputui  profile [link=x]rig[bold].toml" in screen_segments(app)  # the status line
+        assert "gputui · profile [link=x]rig[bold].toml" in screen_segments(app)  # the status line
         await pilot.press("D")  # the question names the cluster
         await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="the question")
         await pilot.pause()

@@ -232,7 +232,9 @@ def event_line(event: Mapping[str, Any]) -> str | None:
         return (f"epoch {event.get('epoch')}: test acc {fmt(event.get('test_acc'), '%', 2)}, "
                 f"test loss {fmt(event.get('test_loss'), '', 4)}; checkpoint saved")
     if kind == "interrupted":
-        return f"run interrupted ({event.get('reason')}) at step {event.get('step')}; checkpoint {event.get('checkpoint')}"
+        where = f" at step {event['step']}" if event.get("step") is not None else ""
+        saved = f"; checkpoint {event['checkpoint']}" if event.get("checkpoint") else "; no checkpoint"
+        return f"run interrupted ({event.get('reason') or 'stopped'}){where}{saved}"
     if kind == "done":
         return f"run done: test acc {fmt(event.get('test_acc'), '%', 2)}, best {fmt(event.get('best_acc'), '%', 2)}"
     if kind == "error":
