@@ -191,7 +191,7 @@ def test_help_screen_lists_every_key_and_the_footer_shows_them() -> None:
         assert "launching" not in log_text(app)
         await pilot.press("q")
 
-    drive(app, scenario)
+    drive(app, scenario, size=(200, 50))  # every key's label fits the footer at 200 columns
 
 
 def test_p_chooses_another_profile() -> None:

@@ -71,7 +71,9 @@ def test_demo_under_tmux(tmp_path: Path) -> None:
         children = [p for p in pane.children(recursive=True) if "sleep" not in " ".join(p.cmdline())]
         assert any("run" in p.cmdline() and "--json" in p.cmdline() for p in children), "no training child"
         tmux("send-keys", "-t", "demo", "q")
-        tmux.wait(lambda s: "Terminate them" in s, 10, "the quit question")
+        tmux.wait(lambda s: "Keep it running" in s, 10, "the question about the run")
+        tmux("send-keys", "-t", "demo", "s")  # stop it, with a checkpoint
+        tmux.wait(lambda s: "Terminate them" in s, 30, "the question about the slaves")
         tmux("send-keys", "-t", "demo", "t")
         tmux.wait(lambda s: "gputui-exit=0" in s, 60, "a clean exit")
         alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
