@@ -73,7 +73,7 @@ def test_a_launch_past_the_budget_is_refused(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: app.cloud_polls)
         await pilot.press("u")
         await wait_for(pilot, lambda: "launch refused" in log_text(app), what="the refusal")
-        assert "would break the $0.00 budget" in log_text(app)
+        assert "would break the $0.0010 budget" in log_text(app)
         assert "launch" not in provider.calls and rows(app) == 0
         await pilot.press("q")
 

@@ -10,13 +10,16 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
+from gputui import units
 from gputui.errors import UserError
 from gputui.model.cloud import CloudEvent, FleetEntry, InstanceInfo, LaunchAttempt, PriceQuote, SpendLine
 from gputui.model.text import clean
 
 
 def money(value: float | None, digits: int = 4) -> str:
-    return "n/a" if value is None else f"${value:,.{digits}f}"
+    """Dollars through gputui.units (`digits` is kept for callers; a small amount is never
+    rounded up: a $0.005 budget reads "$0.0050", not "$0.01")."""
+    return units.money(value)
 
 
 def span(seconds: float) -> str:

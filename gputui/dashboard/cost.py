@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gputui import units
 from gputui.model.cloud import BudgetStatus, projection
 
 
@@ -80,4 +81,6 @@ def launch_preview(ctx: Any) -> LaunchPreview | None:
 
 
 def money(value: float | None, digits: int = 4) -> str:
-    return "n/a" if value is None else f"${value:,.{digits}f}"
+    """Dollars through gputui.units (`digits` is kept for callers; a small amount is never
+    rounded up: a $0.005 budget reads "$0.0050", not "$0.01")."""
+    return units.money(value)
