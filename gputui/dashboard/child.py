@@ -148,12 +148,24 @@ class TrainingChild:
 
     def events(self) -> Iterator[dict[str, Any]]:
         """Each event as it is written, until the process has ended (or the dashboard let it go)."""
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The events as they are written, in batches: those of one read of the run's events
+        file together (a line at a time from a pipe), never an empty list."""
         assert self.proc is not None
         if self.follower is not None:
-            for event, _history in self.follower.events():
-                self._seen(event)
-                yield event
+            for batch in self.follower.batches():
+                for event, _history in batch:
+                    self._seen(event)
+                yield [event for event, _history in batch]
             return
+        for event in self._piped():
+            yield [event]
+
+    def _piped(self) -> Iterator[dict[str, Any]]:
+        assert self.proc is not None
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:

@@ -106,10 +106,17 @@ class Follower:
     def events(self) -> Iterator[tuple[dict[str, Any], bool]]:
         """(event, history) as they are written, until the run has ended and the file is read
         to its end, or `stop()`."""
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[tuple[dict[str, Any], bool]]]:
+        """As `events()`, but the events of one poll together (never an empty list): a view
+        folds a whole poll and draws once, however many events it held."""
         while not self.stopped:
             alive = self.alive()  # asked before reading: whatever it wrote before it ended is read below
             batch = self.read()
-            yield from batch
+            if batch:
+                yield batch
             if self.last_read:
                 continue  # more may be waiting (a slice of a long history)
             if not alive:

@@ -45,28 +45,49 @@ def earlier_events(run_dir: str) -> list[dict[str, Any]]:
     return events[: starts[-1]] if starts else events
 
 
-def post_events(events: Iterable[dict[str, Any] | tuple[dict[str, Any], bool]], post: Callable[[Message], Any],
+LINES_PER_BATCH = 20  # events-log lines posted for one batch; past it one "… N more events" line
+
+
+def post_events(events: Iterable[Any], post: Callable[[Message], Any],
                 generation: int, state: TrainingState = TrainingState(status="starting"),
                 earlier: bool = True) -> TrainingState:
-    """Fold each event (in the worker) and post the new state and, for the events worth one, a log line.
+    """Fold the events (in the worker) and post the new state and, for the events worth one, a log line.
 
-    Items may be (event, history) pairs (a followed file: history is what it held before the
-    dashboard came, but its last event; it is folded, not posted nor logged event by event). A resumed run first takes in its
-    earlier events (`earlier`; not needed when the whole file is followed), so its curves go on
-    from where they were."""
+    An item is an event, an (event, history) pair (a followed file: history is what it held
+    before the dashboard came, but its last event; it is folded, not posted nor logged event by
+    event), or a batch: a list of those (one read of a run's events file). A batch is folded
+    whole and posts ONE TrainingUpdate (then its log lines, in order, at most LINES_PER_BATCH),
+    so a run writing 1,000 events/s wakes the app a few times a second, not 1,000 times. A
+    resumed run first takes in its earlier events (`earlier`; not needed when the whole file is
+    followed), so its curves go on from where they were."""
     for item in events:
-        event, history = item if isinstance(item, tuple) else (item, False)
-        if (earlier and event.get("event") == "start" and event.get("resumed_from_step") is not None
-                and event.get("run_dir")):
-            state = replace(TrainingState(), attached=state.attached).replay(earlier_events(event["run_dir"]))
-        state = state.fold(event)
-        if history:  # what a followed file held before: folded, not drawn event by event
+        batch = item if isinstance(item, list) else [item]
+        lines: list[tuple[str, str]] = []
+        drawn = False
+        for one in batch:
+            event, history = one if isinstance(one, tuple) else (one, False)
+            if (earlier and event.get("event") == "start" and event.get("resumed_from_step") is not None
+                    and event.get("run_dir")):
+                state = replace(TrainingState(), attached=state.attached).replay(earlier_events(event["run_dir"]))
+            state = state.fold(event)
+            if history:  # what a followed file held before: folded, not drawn event by event
+                continue
+            drawn = True
+            line = event_line(event)
+            if line:
+                lines.append((line, {"interrupted": "warning", "error": "error"}.get(str(event.get("event")),
+                                                                                      "information")))
+        if not drawn:
             continue
         post(TrainingUpdate(state, generation))
-        line = event_line(event)
-        if line:
-            severity = {"interrupted": "warning", "error": "error"}.get(str(event.get("event")), "information")
-            post(TrainingLine(line, severity, generation))
+        if len(lines) > LINES_PER_BATCH:
+            more = len(lines) - (LINES_PER_BATCH - 1)
+            kept = lines[: LINES_PER_BATCH - 1]
+            worst = next((sev for sev in ("error", "warning") if any(s == sev for _, s in lines[len(kept):])),
+                         "information")
+            lines = kept + [(f"… {more} more events", worst)]
+        for text, severity in lines:
+            post(TrainingLine(text, severity, generation))
     return state
 
 
@@ -200,7 +221,7 @@ class TrainingActions(DashboardBase):
 
     def _follow(self, follower: Follower, generation: int) -> None:
         """Worker: fold the followed run's events; say when it is gone."""
-        post_events(self._watched(follower.events(), generation), self.post_message, generation,
+        post_events(self._watched(follower.batches(), generation), self.post_message, generation,
                     TrainingState(status="starting", attached=True), earlier=False)
         if not follower.stopped:
             self.post_message(RunGone(generation))
@@ -262,7 +283,7 @@ class TrainingActions(DashboardBase):
             return
         if child.stop_requested:
             child.stop()
-        post_events(self._watched(child.events(), generation), self.post_message, generation)
+        post_events(self._watched(child.batches(), generation), self.post_message, generation)
         if child.detached:
             return  # the dashboard let it go on (quit: keep it running)
         code = child.wait()
@@ -275,7 +296,8 @@ class TrainingActions(DashboardBase):
 
         facts = RunFacts()
         for item in events:
-            facts = fold_run(facts, item[0] if isinstance(item, tuple) else item)
+            for one in item if isinstance(item, list) else [item]:  # a batch: the events of one read
+                facts = fold_run(facts, one[0] if isinstance(one, tuple) else one)
             if generation == self.generation:
                 self.run_facts = facts
             yield item
