@@ -21,7 +21,6 @@ from textual.color import Color
 from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
-from textual_plotext import PlotextPlot
 
 from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, export_csv, linear_ticks,
                            load_run, log_ticks, thin, ticks, x_label, xy, y_label)
@@ -59,15 +58,34 @@ def _rgb(colour: tuple[int, int, int]) -> str:
     return "rgb({},{},{})".format(*colour)
 
 
-class CurvePlot(PlotextPlot):
-    """The plot; its panel sets it up and refreshes it (it never rebuilds on its own)."""
+_PLOT_CLASS: Any = None
 
-    DEFAULT_CSS = "CurvePlot { width: 1fr; height: 1fr; }"
-    builds = 0  # plotext builds (one per paint of this widget)
 
-    def render(self) -> RenderResult:
-        self.builds += 1
-        return super().render()
+def _plot_class() -> Any:
+    """CurvePlot, the plot widget: built on first use, so that plotext (a few hundred ms to
+    import) loads after the dashboard's first frame, not before it."""
+    global _PLOT_CLASS
+    if _PLOT_CLASS is None:
+        from textual_plotext import PlotextPlot
+
+        class CurvePlot(PlotextPlot):
+            """The plot; its panel sets it up and refreshes it (it never rebuilds on its own)."""
+
+            DEFAULT_CSS = "CurvePlot { width: 1fr; height: 1fr; }"
+            builds = 0  # plotext builds (one per paint of this widget)
+
+            def render(self) -> RenderResult:
+                self.builds += 1
+                return super().render()
+
+        _PLOT_CLASS = CurvePlot
+    return _PLOT_CLASS
+
+
+def __getattr__(name: str) -> Any:  # `from gputui.ui.curves import CurvePlot` loads plotext then
+    if name == "CurvePlot":
+        return _plot_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CurvesPanel(Vertical):
@@ -96,12 +114,17 @@ class CurvesPanel(Vertical):
         self._state: Any = None
 
     def compose(self) -> ComposeResult:
-        yield Static(id="curves-legend")
-        yield CurvePlot(id="curves-plot")
+        yield Static(id="curves-legend")  # the plot is mounted after the first frame (plotext loads then)
 
     def on_mount(self) -> None:
         self.set_interval(self.interval, self._tick, name="curves-redraw")
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self.redraw())  # faint colours follow the background
+        self.call_after_refresh(self._mount_plot)
+
+    def _mount_plot(self) -> None:
+        if not self.is_attached or self.query("#curves-plot"):
+            return
+        self.mount(_plot_class()(id="curves-plot"))
         self.call_after_refresh(self._tick)
 
     # data in: cheap -------------------------------------------------------------------------------
@@ -152,7 +175,10 @@ class CurvesPanel(Vertical):
 
     def redraw(self) -> None:
         """Set the plot up from the current data and settings (one plot build follows)."""
-        plot = self.query_one(CurvePlot)
+        found = self.query("#curves-plot")
+        if not found:  # not mounted yet (the first frame comes first): drawn once it is
+            return
+        plot = found.first()
         self._drawn = self._key()
         self.rebuilds += 1
         plt = plot.plt
