@@ -30,8 +30,21 @@ class TrainingSummary(Widget):
     def _style(self, name: str) -> Style:
         return self.get_component_rich_style(name, partial=True)
 
+    _shown: Text | None = None  # what the last show() would draw: no refresh while it stays the same
+
+    def show(self, state: TrainingState) -> None:
+        """Take a new state; refresh only when the text it draws changed (a run streaming
+        events changes its state often, its three lines less often)."""
+        text = self._text(state)
+        self.set_reactive(TrainingSummary.state, state)  # no compare of the whole state, no refresh by itself
+        if self._shown is None or text != self._shown:
+            self._shown = text
+            self.refresh()
+
     def render(self) -> Text:
-        s = self.state
+        return self._text(self.state)
+
+    def _text(self, s: TrainingState) -> Text:
         if s.status == "idle":
             return Text.assemble(("no run yet", self._style("training--dim")),
                                  f"\npress t to train ({clean(self.profile)}), r to resume the last run, "
@@ -131,5 +144,5 @@ class TrainingPanel(Vertical):
     def show(self, state: TrainingState, profile: str) -> None:
         summary = self.query_one(TrainingSummary)
         summary.profile = profile
-        summary.state = state
+        summary.show(state)
         self.query_one(CurvesPanel).state = state
