@@ -267,3 +267,17 @@ def test_a_lasting_cloud_failure_stays_on_screen_and_is_logged_once() -> None:
         await pilot.press("q")
 
     drive(app, scenario)
+
+
+def test_a_poll_timer_that_fires_while_the_app_closes_does_nothing() -> None:
+    """A host or cloud poll timer can fire after the app's screens are gone (seen in CI as an
+    IndexError from every later test's teardown): it must do nothing then."""
+    app = create_app(make_backend())
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("q")
+
+    drive(app, scenario)
+    assert app.screen_stack == []
+    app.start_poll("hosts", lambda: None)  # raised IndexError before
+    app.poll_cloud()

@@ -101,7 +101,10 @@ class DashboardBase(App[None]):
         self.post_message(CloudEventPosted(event))
 
     def start_poll(self, what: str, work: Callable[[], None]) -> None:
-        """One poll in its worker; its message schedules the next, so polls never overlap."""
+        """One poll in its worker; its message schedules the next, so polls never overlap.
+        None once the app is closing (a timer can still fire after its screens are gone)."""
+        if not self.screen_stack or getattr(self, "_exit", False):
+            return
         self.panel(StatusBar).waiting.setdefault(what, time.monotonic())
         self.run_worker(work, name=f"{what}-poll", group=what, thread=True, exclusive=True, exit_on_error=False)
 
