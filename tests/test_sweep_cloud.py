@@ -5,14 +5,9 @@ budget stops new trials; the slave is released at the end and the ledger names t
 
 from __future__ import annotations
 
-import json
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
-
-import pytest
+from typing import Any
 
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.lifecycle import CloudContext
@@ -26,6 +21,7 @@ from gputui.sweep.cloudslots import CloudFleet, sweep_cluster
 from gputui.sweep.sim import SimSlot
 from gputui.sweep.space import parse_text
 
+from .test_cluster_cloud import FakeImds, imds  # noqa: F401 - the fake IMDSv2 and its fixture
 from .cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel  # noqa: F401
 from .test_sweep_remote import sweep_processes
 from .moto_fixture import public_key_line
@@ -112,51 +108,6 @@ def test_a_budgeted_sweep_on_a_cloud_slave_stops_at_the_budget_and_releases_it(
     assert records[0].ended_by == "run-end"
     assert runs and runs[0][1] == "sweep-cb" and runs[0][3] is not None  # the sweep's run, ended
     assert not sweep_processes(gputui_home, cloud.hosts[0].boot.base)
-
-
-class FakeImds:
-    """IMDSv2 on loopback: one spot interruption notice, once armed."""
-
-    def __init__(self) -> None:
-        self.armed = threading.Event()
-        self.served = threading.Event()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_PUT(self) -> None:  # noqa: N802
-                self._reply(200, b"token")
-
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path.endswith("spot/instance-action") and owner.armed.is_set() and not owner.served.is_set():
-                    owner.served.set()
-                    self._reply(200, json.dumps({"action": "terminate", "time": "2030-01-01T00:00:00Z"}).encode())
-                else:
-                    self._reply(404, b"")
-
-            def _reply(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-
-@pytest.fixture()
-def imds() -> Iterator[FakeImds]:
-    server = FakeImds()
-    try:
-        yield server
-    finally:
-        server.server.shutdown()
 
 
 def test_a_spot_notice_ends_the_cloud_worker_and_its_trial_runs_again_elsewhere(
