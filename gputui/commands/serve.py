@@ -14,7 +14,6 @@ import argparse
 import shlex
 import sys
 from typing import Any
-from urllib.parse import urlsplit
 
 DEFAULT_HOST = "127.0.0.1"
 PUBLIC_HOST = "0.0.0.0"
@@ -86,47 +85,6 @@ def listen_address(args: argparse.Namespace) -> str:
     return host
 
 
-def loopback_name(host: str) -> bool:
-    """A Host header's name that can only mean this machine."""
-    from gputui.exporter import is_loopback
-
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
-    return is_loopback(name.strip("[]")) or name.endswith(".localhost")
-
-
-def same_origin(origin: str | None, host: str) -> bool:
-    """The browser page that opens the websocket was served from this server."""
-    if not origin:
-        return True  # not a browser page (a script, a test client): origins are a browser's guard
-    parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
-
-
-def make_server(command: str, loopback: bool) -> Any:
-    """A textual-serve Server that builds its URLs from the address the browser used (an SSH
-    tunnel's local port, a host name) and guards its websocket."""
-    from aiohttp import web
-    from textual_serve.server import Server
-
-    class DashboardServer(Server):  # type: ignore[misc]
-        async def handle_index(self, request: web.Request) -> Any:
-            if loopback and not loopback_name(request.host):
-                raise web.HTTPForbidden(text="gputui serve answers only to a loopback name (localhost, 127.0.0.1)")
-            self.public_url = f"{request.scheme}://{request.host}"  # used synchronously by the template's URLs
-            return await super().handle_index(request)
-
-        async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
-            if (loopback and not loopback_name(request.host)) or not same_origin(request.headers.get("Origin"),
-                                                                                 request.host):
-                raise web.HTTPForbidden(text="this dashboard's websocket opens only from its own page")
-            return await super().handle_websocket(request)
-
-        async def on_startup(self, app: web.Application) -> None:
-            """Quiet: `gputui serve` says itself where it serves."""
-
-    return DashboardServer(command, title="gputui")
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from gputui.commands.ui import env_int
 
@@ -134,6 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     argv = dashboard_argv(args)
     env_int("GPUTUI_DEMO_HOSTS", 3), env_int("GPUTUI_DEMO_GPUS", 4)  # a bad value: said now, not in each tab
     from gputui.exporter import is_loopback
+    from gputui.ui.web import make_server
 
     command = "exec " + shlex.join(argv)
     server = make_server(command, is_loopback(host))
