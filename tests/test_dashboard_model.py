@@ -140,7 +140,7 @@ def test_slaves_launch_cost_and_terminate(tmp_path: Path) -> None:
 
 def test_a_launch_that_breaks_the_budget_is_refused(tmp_path: Path) -> None:
     slaves, provider, _said = cloud(tmp_path, budget=0.001)
-    with pytest.raises(BudgetRefusal, match="would break the \\$0.00 budget"):
+    with pytest.raises(BudgetRefusal, match="would break the \\$0.0010 budget"):
         slaves.launch_one()
     assert "launch" not in provider.calls
 

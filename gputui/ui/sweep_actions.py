@@ -9,8 +9,6 @@ from typing import Any
 
 from textual.app import App
 
-from gputui.ui.sweep_screen import SweepScreen
-
 
 class SweepActions(App[Any]):
     def _profile_sweep(self) -> str | None:
@@ -28,6 +26,8 @@ class SweepActions(App[Any]):
             return None
 
     def action_sweep(self) -> None:
+        from gputui.ui.sweep_screen import SweepScreen  # with textual-plotext and optuna's reader: on first use
+
         if isinstance(self.screen, SweepScreen):
             self.pop_screen()
             return
