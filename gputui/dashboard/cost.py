@@ -81,6 +81,8 @@ def launch_preview(ctx: Any) -> LaunchPreview | None:
 
 
 def money(value: float | None, digits: int = 4) -> str:
-    """Dollars through gputui.units (`digits` is kept for callers; a small amount is never
-    rounded up: a $0.005 budget reads "$0.0050", not "$0.01")."""
-    return units.money(value)
+    """Dollars: `digits` decimals from $1 (prices keep four: "$1.1230/h"); below $1 through
+    gputui.units, so a small amount is never rounded up (a $0.005 budget reads "$0.0050")."""
+    if value is None or abs(value) < 1:
+        return units.money(value)
+    return f"${value:,.{digits}f}"
