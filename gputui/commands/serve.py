@@ -127,13 +127,13 @@ async def serve(server: Any, host: str, port: int, public: bool) -> int:
         raise GputuiError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
     bound = runner.addresses[0][1] if runner.addresses else port
     shown = "127.0.0.1" if host == PUBLIC_HOST else host
-    print(f"gputui: serving the dashboard on {url_of(shown, bound)} (one dashboard per browser tab; Ctrl-C stops)",
-          flush=True)
-    if public:
+    if public:  # the warning comes before the line that says the server is up (a stop right after it misses nothing)
         print(f"gputui: warning: listening on {host}:{bound}, not loopback: whoever reaches this port controls "
               "the dashboard (starts and stops runs, launches and terminates paid instances) with no password; "
               "prefer the default and an SSH tunnel: " + TUNNEL_HINT.format(port=bound), file=sys.stderr, flush=True)
-    else:
+    print(f"gputui: serving the dashboard on {url_of(shown, bound)} (one dashboard per browser tab; Ctrl-C stops)",
+          flush=True)
+    if not public:
         print("gputui: this machine only; from another one: " + TUNNEL_HINT.format(port=bound), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
