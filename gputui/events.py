@@ -102,13 +102,33 @@ def make(name: str, /, **fields: Any) -> dict[str, Any]:
     return {"event": name, "time": round(time.time(), 3), **fields}
 
 
+MAX_INT = 2**63  # a received integer past this is not a count of anything (and no float holds it)
+
+
+def finite(value: Any) -> int | float | None:
+    """A received number as it is if it is finite, else None: text, a bool, NaN, an infinity, or
+    an integer too large to be a step or a count (JSON has no bound; `float()` of one overflows)."""
+    kind = type(value)
+    if kind is float:  # what JSON gives: checked first, this runs for every number of every event
+        return value if value - value == 0.0 else None  # NaN and the infinities give NaN
+    if kind is int:
+        return value if -MAX_INT < value < MAX_INT else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if -MAX_INT < value < MAX_INT else None
+    return None
+
+
+_NUMBER_KEYS = {name: tuple(k for k, kind in spec.items() if kind in ("int", "num")) for name, spec in SPEC.items()}
+
+
 def typed(event: Mapping[str, Any]) -> dict[str, Any]:
-    """A received event with each number that is not a finite number (text, NaN, a bool) as None."""
+    """A received event with each number that is not a finite number (text, NaN, a bool, a huge
+    integer) as None."""
     out = dict(event)
-    spec = SPEC.get(str(out.get("event")))
-    numbers = NUMBERS if spec is None else [k for k, kind in spec.items() if kind in ("int", "num")]
-    for key in numbers:
+    for key in _NUMBER_KEYS.get(str(out.get("event")), NUMBERS):
         value = out.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        if value is not None and finite(value) is None:
             out[key] = None
     return out

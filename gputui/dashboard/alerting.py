@@ -44,11 +44,11 @@ def cloud_facts(cost: CostFrame | None) -> CloudFacts | None:
     return CloudFacts(cost.cluster, budget.budget_usd, budget.spent_usd, budget.committed_usd, cost.usd_per_hour)
 
 
-def fold_run(facts: RunFacts, event: Mapping[str, Any]) -> RunFacts:
-    """The run's facts after one of its `gputui run --json` events (stalled and NaN alerts)."""
-    from gputui.watches import fold
+def fold_run(facts: RunFacts, events: list[dict[str, Any]]) -> RunFacts:
+    """The run's facts after some of its `gputui run --json` events (stalled and NaN alerts)."""
+    from gputui.watches import fold_all
 
-    return fold(facts, dict(event))
+    return fold_all(facts, events)
 
 
 def run_ended(facts: RunFacts) -> RunFacts:

@@ -45,11 +45,22 @@ def clean(text: str | None, limit: int = MAX_CHARS) -> str | None:
     return text
 
 
+_PLAIN = (int, float, bool, type(None))  # JSON values with no text in them
+
+
 def clean_tree(value: Any, limit: int = MAX_CHARS) -> Any:
     """Every string in a parsed JSON value (dict keys too) cleaned; other values as they are."""
     if isinstance(value, str):
         return clean(value, limit)
     if isinstance(value, dict):
+        for key, item in value.items():  # the common case first: a flat event, nothing to clean (a copy)
+            if not (type(key) is str and key.isprintable() and len(key) <= limit):
+                break
+            kind = type(item)
+            if not (kind in _PLAIN or (kind is str and item.isprintable() and len(item) <= limit)):
+                break
+        else:
+            return dict(value)
         return {clean(k, limit) if isinstance(k, str) else k: clean_tree(v, limit) for k, v in value.items()}
     if isinstance(value, list):
         return [clean_tree(v, limit) for v in value]
