@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence, TextIO
 
 from gputui import runs, units
 from gputui.errors import UserError
+from gputui.events import finite
 
 X_AXES = ("step", "epoch", "samples", "time")
 X_LABELS = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "training time"}
@@ -33,7 +34,7 @@ SERIES = ("train_loss", "epoch_loss", "test_loss", "test_acc")
 SERIES_LABELS = {"train_loss": "train loss", "epoch_loss": "epoch mean", "test_loss": "test loss",
                  "test_acc": "test acc"}
 LOSSES = ("train_loss", "epoch_loss", "test_loss")
-MAX_POINTS = 2000  # per series; past this the older half is thinned to every other point
+MAX_POINTS = 2000  # per series; past this every other point goes (evenly, over the whole run)
 MAX_WEIGHT = 0.99
 CSV_NAME = "curves.csv"
 
@@ -54,21 +55,13 @@ class Point:
 
 
 _FIELD = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "time_s"}
-
-
-def _capped(points: tuple[Point, ...], point: Point) -> tuple[Point, ...]:
-    out = points + (point,)
-    if len(out) > MAX_POINTS:
-        half = len(out) // 2
-        out = out[:half:2] + out[half:]
-    return out
+_INDEX = {name: index for index, name in enumerate(SERIES)}
 
 
 def _num(value: Any) -> float | None:
     """A finite number as a float, else None (text, NaN, a bool: an event file is data)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    number = finite(value)  # an integer too large for a float is none either
+    return None if number is None else float(number)
 
 
 def _int(value: Any) -> int | None:
@@ -88,6 +81,10 @@ class Curves:
     test_loss: tuple[Point, ...] = ()
     test_acc: tuple[Point, ...] = ()
     version: int = field(default=0, compare=False)
+    # Per series (in SERIES' order): keep one point in `stride`, `since` points since the last
+    # kept. A series past MAX_POINTS drops every other point and doubles its stride, so a long
+    # run's curve keeps the same density from its first step to its last.
+    every: tuple[tuple[int, int], ...] = field(default=((1, 0),) * len(SERIES), compare=False)
 
     def series(self, name: str) -> tuple[Point, ...]:
         points: tuple[Point, ...] = getattr(self, name)
@@ -107,54 +104,79 @@ class Curves:
 
     def fold(self, event: Mapping[str, Any]) -> "Curves":
         """These curves after one event of a run (events that carry no curve change nothing)."""
-        kind = event.get("event")  # each value is checked where it is used (no `typed` copy: this runs per event)
-        if kind == "start":
-            resumed = _int(event.get("resumed_from_step"))
-            run_id = event.get("run_id")
-            base = self
-            if resumed is None or (run_id is not None and self.run_id is not None and run_id != self.run_id):
-                base = Curves(version=self.version)
-            else:  # a resume repeats the steps after its checkpoint: drop those the killed run had gone past
-                cut = {name: tuple(p for p in base.series(name) if p.step is None or p.step <= resumed) for name in SERIES}
-                base = replace(base, **cut)
-            spe, batch = _int(event.get("steps_per_epoch")), _int(event.get("batch_size"))
-            return replace(base, run_id=run_id if isinstance(run_id, str) else base.run_id,
-                           run_dir=event.get("run_dir") if isinstance(event.get("run_dir"), str) else base.run_dir,
-                           steps_per_epoch=spe if spe and spe > 0 else base.steps_per_epoch,
-                           batch_size=batch if batch and batch > 0 else base.batch_size,
-                           version=self.version + 1)
-        added: dict[str, tuple[Point, ...]] = {}
-        if kind == "step":
-            added = self._add(added, "train_loss", event, event.get("loss"))
-        elif kind in ("eval", "epoch"):
-            if kind == "epoch":
-                added = self._add(added, "epoch_loss", event, event.get("train_loss"))
-            added = self._add(added, "test_loss", event, event.get("test_loss"))
-            added = self._add(added, "test_acc", event, event.get("test_acc"))
-        if not added:
-            return self
-        return self._with(added)
+        return self.fold_all((event,))
 
-    def _with(self, changes: dict[str, tuple[Point, ...]]) -> "Curves":
-        """A copy with new series and the next version, without dataclasses.replace (its
-        field-by-field rebuild is most of a fold's cost)."""
-        new = object.__new__(Curves)
-        new.__dict__.update(self.__dict__, **changes, version=self.version + 1)
-        return new
+    def _start(self, event: Mapping[str, Any]) -> "Curves":
+        """A run's start: new curves, or for a resume of this run, its curves up to the checkpoint."""
+        resumed = _int(event.get("resumed_from_step"))
+        run_id = event.get("run_id")
+        base = self
+        if resumed is None or (run_id is not None and self.run_id is not None and run_id != self.run_id):
+            base = Curves(version=self.version)
+        else:  # a resume repeats the steps after its checkpoint: drop those the killed run had gone past
+            cut = {name: tuple(p for p in base.series(name) if p.step is None or p.step <= resumed) for name in SERIES}
+            base = replace(base, **cut)
+        spe, batch = _int(event.get("steps_per_epoch")), _int(event.get("batch_size"))
+        return replace(base, run_id=run_id if isinstance(run_id, str) else base.run_id,
+                       run_dir=event.get("run_dir") if isinstance(event.get("run_dir"), str) else base.run_dir,
+                       steps_per_epoch=spe if spe and spe > 0 else base.steps_per_epoch,
+                       batch_size=batch if batch and batch > 0 else base.batch_size,
+                       version=self.version + 1)
 
-    def _add(self, added: dict[str, tuple[Point, ...]], name: str, event: Mapping[str, Any],
-             value: Any) -> dict[str, tuple[Point, ...]]:
-        v = _num(value)
-        if v is None:
-            return added
-        return {**added, name: _capped(self.series(name), self._point(event, v))}
-
-    def extend(self, events: Iterable[Mapping[str, Any]]) -> "Curves":
+    def fold_all(self, events: Sequence[Mapping[str, Any]]) -> "Curves":
+        """These curves after some events of a run, with one copy of each series that grew, not
+        one per event: a read of a fast run's file holds hundreds."""
+        grown: dict[str, list[Point]] = {}
+        every = list(self.every)
+        changes = 0
         curves = self
         for event in events:
-            if isinstance(event, Mapping):
-                curves = curves.fold(event)
-        return curves
+            kind = event.get("event")  # each value is checked where it is used (no `typed` copy: this runs per event)
+            if kind == "step":
+                pairs: tuple[tuple[str, Any], ...] = (("train_loss", event.get("loss")),)
+            elif kind == "eval":
+                pairs = (("test_loss", event.get("test_loss")), ("test_acc", event.get("test_acc")))
+            elif kind == "epoch":
+                pairs = (("epoch_loss", event.get("train_loss")), ("test_loss", event.get("test_loss")),
+                         ("test_acc", event.get("test_acc")))
+            else:
+                if kind == "start":  # resets or cuts the series: what grew so far goes in first
+                    curves = curves._grown(grown, every, changes)._start(event)
+                    grown, every, changes = {}, list(curves.every), 0
+                continue
+            added = False
+            for name, value in pairs:
+                v = _num(value)
+                if v is None:
+                    continue
+                index = _INDEX[name]
+                stride, since = every[index]
+                since += 1
+                if since < stride:  # thinned out: this series keeps one point in `stride`
+                    every[index] = (stride, since)
+                    continue
+                points = grown.get(name)
+                if points is None:
+                    points = grown[name] = list(curves.series(name))
+                points.append(curves._point(event, v))
+                if len(points) > MAX_POINTS:  # every other point goes, the newest stays
+                    grown[name] = points[(len(points) - 1) % 2::2]
+                    stride *= 2
+                every[index] = (stride, 0)
+                added = True
+            changes += added
+        return curves._grown(grown, every, changes)
+
+    def _grown(self, grown: dict[str, list[Point]], every: list[tuple[int, int]], changes: int) -> "Curves":
+        if not changes and tuple(every) == self.every:
+            return self
+        new = object.__new__(Curves)
+        new.__dict__.update(self.__dict__, **{name: tuple(points) for name, points in grown.items()},
+                            every=tuple(every), version=self.version + changes)
+        return new
+
+    def extend(self, events: Iterable[Mapping[str, Any]]) -> "Curves":
+        return self.fold_all([event for event in events if isinstance(event, Mapping)])
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> "Curves":
@@ -176,9 +198,14 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
     """TensorBoard's debiased exponential moving average: the running average starts at 0 and
     is divided by 1 - weight**n (n = values so far), so the first value is kept as it is and a
     constant series stays constant. `weight` 0 returns the values unchanged."""
+    return ema_from(values, weight)[0]
+
+
+def ema_from(values: Sequence[float], weight: float, last: float = 0.0, n: int = 0) -> tuple[list[float], float, int]:
+    """`ema` of values that go on from earlier ones (`last`, the running average, and `n`, the
+    values it has taken in, as this returned them): the smoothed values, and the new `last`, `n`."""
     weight = min(max(weight, 0.0), MAX_WEIGHT)
     out: list[float] = []
-    last, n = 0.0, 0
     for v in values:
         if not math.isfinite(v):
             out.append(v)
@@ -186,7 +213,37 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
         last = last * weight + (1 - weight) * v
         n += 1
         out.append(last / (1 - weight ** n))
-    return out
+    return out, last, n
+
+
+class SeriesCache:
+    """A series' (xs, raw ys, smoothed ys) on an axis, kept from one draw to the next: a series
+    that only grew since is smoothed from where it was (the EMA goes on), not from its start. A
+    run streaming its steps is redrawn every second with a few new points on a long series."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str, float], tuple[tuple[Point, ...], list[float], list[float], list[float], float, int]] = {}
+
+    def get(self, name: str, points: tuple[Point, ...], axis: str, weight: float) -> tuple[list[float], list[float], list[float]]:
+        key = (name, axis, weight)
+        old = self._kept.get(key)
+        if old is not None and old[0] is points:
+            return old[1], old[2], old[3]
+        grew = (old is not None and len(points) >= len(old[0]) > 0 and points[0] is old[0][0]
+                and points[len(old[0]) - 1] is old[0][-1])
+        if grew:
+            assert old is not None
+            xs_new, raw_new = xy(points[len(old[0]):], axis)
+            smooth_new, last, n = ema_from(raw_new, weight, old[4], old[5])
+            xs, raw, smooth = old[1] + xs_new, old[2] + raw_new, old[3] + smooth_new
+        else:
+            xs, raw = xy(points, axis)
+            smooth, last, n = ema_from(raw, weight)
+        self._kept[key] = (points, xs, raw, smooth, last, n)
+        return xs, raw, smooth
+
+    def clear(self) -> None:
+        self._kept.clear()
 
 
 def xy(points: Sequence[Point], axis: str, weight: float = 0.0) -> tuple[list[float], list[float]]:
@@ -225,6 +282,21 @@ def thin(xs: Sequence[float], ys: Sequence[float], buckets: int) -> tuple[list[f
             out_y.append(ys[i])
         start = end
     return out_x, out_y
+
+
+def sample(xs: Sequence[float], ys: Sequence[float], buckets: int) -> tuple[list[float], list[float]]:
+    """The first point and the last point of each bucket of equal x width: enough for a smooth
+    curve (a smoothed one) drawn with lines between its points. A series that fits is returned
+    as it is."""
+    n = len(xs)
+    if n <= buckets or buckets < 1:
+        return list(xs), list(ys)
+    lo, hi = xs[0], xs[-1]
+    scale = buckets / ((hi - lo) or 1.0)
+    keys = [min(buckets - 1, int((x - lo) * scale)) for x in xs]
+    picked = [0] + [i for i in range(n - 1) if keys[i] != keys[i + 1]] + [n - 1]
+    picked = sorted(set(picked))
+    return [xs[i] for i in picked], [ys[i] for i in picked]
 
 
 # -- ticks -----------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import signal
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from gputui.curves import Curves
-from gputui.events import typed  # a cluster run relays events from slaves: their numbers are checked there
+from gputui.events import finite, typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
 
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
@@ -113,6 +113,53 @@ class TrainingState:
             object.__setattr__(state, "curves", curves)
         return state
 
+    def fold_all(self, events: Sequence[Mapping[str, Any]]) -> "TrainingState":
+        """This state after many events (one read of a run's events file), the same as folding
+        them one by one, but a stretch of step events (most of a fast run's file) costs one copy
+        of the state and of its points, not one per event."""
+        state = self
+        start = 0
+        for i, event in enumerate(events):
+            if event.get("event") == "step":
+                continue
+            if i > start:
+                state = state._steps(events[start:i])
+            state = state.fold(event)
+            start = i + 1
+        if start < len(events):
+            state = state._steps(events[start:])
+        return state
+
+    def _steps(self, events: Sequence[Mapping[str, Any]]) -> "TrainingState":
+        """`fold` over step events only."""
+        epoch, step, loss, rate, mark, elapsed = self.epoch, self.step, self.loss, self.samples_per_s, self.mark, self.elapsed_s
+        points = list(self.loss_points)
+        moved = False
+        for event in events:
+            at = finite(event.get("step"))
+            if at is None:
+                continue
+            moved = True
+            value, clock = finite(event.get("loss")), finite(event.get("elapsed_s"))
+            if value is not None:
+                points.append((at, value))
+                if len(points) > MAX_POINTS:
+                    half = len(points) // 2
+                    points = points[:half:2] + points[half:]
+                loss = value
+            rate, mark = _rate(mark, self.batch_size, rate, at, clock, finite(event.get("samples_per_s")))
+            epoch, step = finite(event.get("epoch")), at
+            elapsed = _or(clock, elapsed)
+        curves = self.curves.fold_all(events)
+        if not moved:  # no step to take in; the curves may still have points (on the time axis)
+            state = copy.copy(self) if curves is not self.curves else self
+            object.__setattr__(state, "curves", curves)
+            return state
+        state = replace(self, epoch=epoch, step=step, loss=loss, samples_per_s=rate, mark=mark, elapsed_s=elapsed,
+                        loss_points=tuple(points))
+        object.__setattr__(state, "curves", curves)
+        return state
+
     def _fold(self, event: Mapping[str, Any]) -> "TrainingState":
         event = typed(event)
         kind = event.get("event")
@@ -135,7 +182,8 @@ class TrainingState:
                 return self
             loss = event.get("loss")
             points = self.loss_points if loss is None or event.get("step") is None else _capped(self.loss_points, (event["step"], loss))
-            rate, mark = self._rate(event["step"], event.get("elapsed_s"), event.get("samples_per_s"))
+            rate, mark = _rate(self.mark, self.batch_size, self.samples_per_s, event["step"], event.get("elapsed_s"),
+                               event.get("samples_per_s"))
             return replace(self, epoch=event.get("epoch"), step=event.get("step"), loss=_or(loss, self.loss),
                            samples_per_s=rate, mark=mark, elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s),
                            loss_points=points)
@@ -146,7 +194,8 @@ class TrainingState:
             train_loss = event.get("train_loss") if kind == "epoch" else None
             rate, mark = self.samples_per_s, self.mark
             if event.get("step") is not None:
-                rate, mark = self._rate(event["step"], event.get("elapsed_s"), None)
+                rate, mark = _rate(self.mark, self.batch_size, self.samples_per_s, event["step"], event.get("elapsed_s"),
+                                   None)
             return replace(self, epoch=_or(event.get("epoch"), self.epoch), step=_or(event.get("step"), self.step),
                            test_acc=_or(acc, self.test_acc), best_acc=best, samples_per_s=rate, mark=mark,
                            loss=_or(train_loss, self.loss),  # the epoch's mean is later than its last step's
@@ -170,27 +219,9 @@ class TrainingState:
                            exit_code=code if isinstance(code, int) else self.exit_code)
         return self
 
-    def _rate(self, step: int, elapsed: float | None, said: float | None) -> tuple[float | None, tuple[int, float] | None]:
-        """The recent samples/s at a progress point (step, training clock) and the new mark: the
-        samples since the previous point over the training time since, from the events' own
-        clock; the event's own rate where there is no earlier point (the first step of a start)."""
-        if elapsed is None:
-            return _or(said, self.samples_per_s), self.mark
-        mark = (step, elapsed)
-        if self.mark is not None and self.batch_size:
-            steps, seconds = step - self.mark[0], elapsed - self.mark[1]
-            if steps > 0 and seconds >= MIN_RATE_SPAN_S:
-                return steps * self.batch_size / seconds, mark
-            if steps >= 0 and seconds >= 0:  # too close to the last point to measure: keep both
-                return _or(said, self.samples_per_s), self.mark
-        return _or(said, self.samples_per_s), mark
-
     def replay(self, events: Iterable[Mapping[str, Any]]) -> "TrainingState":
         """Fold many events (a run directory's events.jsonl)."""
-        state = self
-        for event in events:
-            state = state.fold(event)
-        return state
+        return self.fold_all(list(events))
 
     def exited(self, code: int, error: str | None, stop_requested: bool = False) -> "TrainingState":
         """The child process ended: a run that had not said done or interrupted failed.
@@ -214,15 +245,37 @@ class TrainingState:
         return replace(self, status="stopped", reason=self.reason or "its process ended without a last event")
 
 
+def _rate(mark: tuple[int, float] | None, batch_size: int | None, current: float | None, step: int,
+          elapsed: float | None, said: float | None) -> tuple[float | None, tuple[int, float] | None]:
+    """The recent samples/s at a progress point (step, training clock) and the new mark: the
+    samples since the previous point (`mark`) over the training time since, from the events' own
+    clock; the event's own rate (`said`) where there is no earlier point (the first step of a
+    start). `current` is the rate shown so far."""
+    if elapsed is None:
+        return _or(said, current), mark
+    if mark is not None and batch_size:
+        steps, seconds = step - mark[0], elapsed - mark[1]
+        if steps > 0 and seconds >= MIN_RATE_SPAN_S:
+            return steps * batch_size / seconds, (step, elapsed)
+        if steps >= 0 and seconds >= 0:  # too close to the last point to measure: keep both
+            return _or(said, current), mark
+    return _or(said, current), (step, elapsed)
+
+
 def _or(*values: Any) -> Any:
     """The first value that is not None."""
     return next((v for v in values if v is not None), None)
 
 
+LOGGED = ("start", "epoch", "interrupted", "done", "error")  # the events with a line in the log
+
+
 def event_line(event: Mapping[str, Any]) -> str | None:
     """A line for the events log, for the events worth one (not every step)."""
-    event = typed(event)
     kind = event.get("event")
+    if kind not in LOGGED:
+        return None
+    event = typed(event)
     if kind == "start":
         resumed = event.get("resumed_from_step")
         how = f"resumed at step {resumed}" if resumed is not None else "started"

@@ -61,15 +61,18 @@ def post_events(events: Iterable[Any], post: Callable[[Message], Any],
     resumed run first takes in its earlier events (`earlier`; not needed when the whole file is
     followed), so its curves go on from where they were."""
     for item in events:
-        batch = item if isinstance(item, list) else [item]
-        lines: list[tuple[str, str]] = []
-        drawn = False
-        for one in batch:
-            event, history = one if isinstance(one, tuple) else (one, False)
+        batch = [one if isinstance(one, tuple) else (one, False) for one in (item if isinstance(item, list) else [item])]
+        todo: list[Any] = []
+        for event, _history in batch:
             if (earlier and event.get("event") == "start" and event.get("resumed_from_step") is not None
                     and event.get("run_dir")):
                 state = replace(TrainingState(), attached=state.attached).replay(earlier_events(event["run_dir"]))
-            state = state.fold(event)
+                todo = []  # what came before the resume is in what was replayed
+            todo.append(event)
+        state = state.fold_all(todo)
+        drawn = False
+        lines: list[tuple[str, str]] = []
+        for event, history in batch:
             if history:  # what a followed file held before: folded, not drawn event by event
                 continue
             drawn = True
@@ -296,8 +299,8 @@ class TrainingActions(DashboardBase):
 
         facts = RunFacts()
         for item in events:
-            for one in item if isinstance(item, list) else [item]:  # a batch: the events of one read
-                facts = fold_run(facts, one[0] if isinstance(one, tuple) else one)
+            batch = item if isinstance(item, list) else [item]  # a batch: the events of one read
+            facts = fold_run(facts, [one[0] if isinstance(one, tuple) else one for one in batch])
             if generation == self.generation:
                 self.run_facts = facts
             yield item
