@@ -306,7 +306,9 @@ def test_a_run_that_takes_long_to_stop_is_waited_for_and_its_progress_shown(tmp_
         child = app.child
         await pilot.press("t")
         await stopping_shown(app, pilot, clock, 0)
-        assert status_text(app).startswith("stopping: waiting for the run to release 2 slaves (2 processes left;")
+        # The run's own words come through its events file, read every poll: waited for.
+        await wait_for(pilot, lambda: status_text(app).startswith(
+            "stopping: waiting for the run to release 2 slaves (2 processes left;"), 30, "the run's teardown in the status")
         assert "stopping: 2 slaves being released" in log_text(app)  # the run's own words, in the log
         assert "release 2 slaves" in app.query_one(StatusBar).render().plain
         await stopping_shown(app, pilot, clock, 16)

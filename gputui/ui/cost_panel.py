@@ -81,6 +81,22 @@ class CostSummary(Widget):
                                       level))),
         ]
 
+    _shown: Text | None = None  # what the last show() drew: no repaint while it stays the same
+
+    def show(self, frame: CostFrame | None, eta_s: float | None, note: str) -> None:
+        """Take new figures; repaint only when the text changed (the ETA moves with every
+        training update, the projected dollars it gives much less often)."""
+        self.set_reactive(CostSummary.frame, frame)
+        self.set_reactive(CostSummary.eta_s, eta_s)
+        self.set_reactive(CostSummary.note, note)
+        text = self.render()
+        if self._shown is None or text != self._shown:
+            self._shown = text
+            self.refresh()
+
+    def on_resize(self) -> None:
+        self._shown = None
+
     def render(self) -> Text:
         f = self.frame
         width = max(20, self.size.width)
@@ -175,9 +191,10 @@ class CostPanel(Vertical):
         yield CostPreview(id="cost-preview")
 
     def show(self, frame: CostFrame | None, eta_s: float | None, note: str) -> None:
-        summary = self.query_one(CostSummary)
-        summary.frame, summary.eta_s, summary.note = frame, eta_s, note
-        self._frame = frame
+        self.query_one(CostSummary).show(frame, eta_s, note)
+        if getattr(self, "_drawn", None) == (id(frame), self.confirm) and frame is self._frame:
+            return  # the same frame (a training update moved the ETA): the table and preview stand
+        self._frame, self._drawn = frame, (id(frame), self.confirm)
         table = self.query_one(SlavesTable)
         if table.display != (frame is not None):
             table.display = frame is not None  # no cloud (or none yet): the note alone, full width

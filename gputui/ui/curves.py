@@ -22,12 +22,12 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, export_csv, linear_ticks,
-                           load_run, log_ticks, thin, ticks, x_label, xy, y_label)
+from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, export_csv, linear_ticks,
+                           load_run, log_ticks, sample, thin, ticks, x_label, xy, y_label)
 from gputui.errors import GputuiError
 from gputui.model.text import clean
 
-REDRAW_S = 0.8  # at most 1.25 plot builds a second: above the 1 Hz the curves promise, at a bounded cost
+REDRAW_S = 0.9  # at most 1.1 plot builds a second: above the 1 Hz the curves promise, at a bounded cost
 SMOOTHING = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default
 COLOURS: dict[str, tuple[int, int, int]] = {"train_loss": (64, 156, 255), "epoch_loss": (176, 124, 255),
@@ -36,6 +36,7 @@ OVERLAY_COLOURS: tuple[tuple[int, int, int], ...] = ((150, 150, 150), (176, 146,
                                                      (164, 128, 164), (140, 166, 120), (176, 120, 120))
 MIN_SIZE = (30, 7)  # columns, rows: below this the panel says so rather than draw a plot of axes alone
 FAINT = 0.6  # how far a raw curve's colour goes toward the background
+DENSE_STEPS = 4  # step losses per epoch mean from which the epoch means are left out of the plot (not the CSV)
 
 
 def curves_of(state: Any) -> Curves:
@@ -54,6 +55,12 @@ def _data_of(state: Any) -> tuple[Any, ...]:
     return (curves,) if curves is not None else (state.loss_points, state.acc_points, state.run_id)
 
 
+def _span(series: Any) -> tuple[float, float] | None:
+    """The lowest and the highest value of some lists of numbers (None when all are empty)."""
+    spans = [(min(values), max(values)) for values in series if values]
+    return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else None
+
+
 def _rgb(colour: tuple[int, int, int]) -> str:
     return "rgb({},{},{})".format(*colour)
 
@@ -69,17 +76,78 @@ def _plot_class() -> Any:
         from textual_plotext import PlotextPlot
 
         class CurvePlot(PlotextPlot):
-            """The plot; its panel sets it up and refreshes it (it never rebuilds on its own)."""
+            """The plot; its panel sets it up and refreshes it (it never rebuilds on its own).
+
+            plotext draws into a matrix of characters and colours and then writes it out as one
+            ANSI string, which textual-plotext parses back into rich Text: a third of a paint.
+            This widget reads plotext's matrix into the same Text directly (same characters,
+            same styles, one span a run of colour). Should the vendored plotext ever differ from
+            what this expects, the paint goes the ANSI way, and says so once."""
 
             DEFAULT_CSS = "CurvePlot { width: 1fr; height: 1fr; }"
             builds = 0  # plotext builds (one per paint of this widget)
+            direct = True  # False once the direct path failed: the ANSI one from then on
 
             def render(self) -> RenderResult:
                 self.builds += 1
+                if self.direct:
+                    try:
+                        return self.render_direct()
+                    except Exception as exc:  # noqa: BLE001 - plotext's internals are not its API
+                        self.direct = False
+                        self.log.warning(f"curves: plotext's matrix could not be read ({exc!r}); drawing "
+                                         "through its ANSI output")
+                        say = getattr(self.app, "say", None)
+                        if callable(say):
+                            say("curves: drawn the slower way (plotext's matrix could not be read)", "warning")
                 return super().render()
+
+            def render_direct(self) -> Text:
+                """What `PlotextPlot.render` returns, from plotext's matrix without the ANSI round trip."""
+                plot = self._plot
+                plot.plotsize(self.size.width, self.size.height)
+                plot._set_size(self.size.width, self.size.height)  # as PlotextPlot.render does
+                plot.theme(self._get_plotext_theme_name(self.app.theme))
+                plot._set_sizes()  # plotext's build(), but for writing the matrix out as ANSI text
+                plot._build_matrix()
+                return matrix_text(plot.monitor.matrix)
 
         _PLOT_CLASS = CurvePlot
     return _PLOT_CLASS
+
+
+_STYLES: dict[tuple[Any, Any, Any], Any] = {}
+
+
+def _run_style(fullground: Any, style: Any, background: Any) -> Any:
+    """The rich Style that Text.from_ansi gives a run of these plotext colours (cached: a plot
+    uses a few)."""
+    key = (fullground, style, background)
+    found = _STYLES.get(key, _STYLES)
+    if found is _STYLES:
+        from rich.ansi import AnsiDecoder
+        from plotext import _utility as ut
+
+        line = next(iter(AnsiDecoder().decode(ut.colors_to_ansi(fullground, style, background) + "x" + ut.ansi_end)))
+        found = _STYLES[key] = line.spans[0].style if line.spans else None
+    return found
+
+
+def matrix_text(matrix: Any) -> Text:
+    """plotext's matrix (rows of characters and of colours, bottom row first) as the Text that
+    Text.from_ansi makes of the ANSI string plotext would write for it."""
+    rows = []
+    for row in reversed(range(matrix.rows)):
+        markers, fulls, styles, backs = matrix.marker[row], matrix.fullground[row], matrix.style[row], matrix.background[row]
+        line = Text()
+        start = 0
+        for col in range(1, matrix.cols + 1):
+            if col == matrix.cols or fulls[col] != fulls[start] or styles[col] != styles[start] or backs[col] != backs[start]:
+                line.append("".join(markers[start:col]), _run_style(fulls[start], styles[start], backs[start]))
+                start = col
+        rows.append(line)
+    rows.append(Text())  # plotext ends its last row with a newline too: the decoder makes it a line
+    return Text("\n", end="\n", tab_size=8).join(rows)
 
 
 def __getattr__(name: str) -> Any:  # `from gputui.ui.curves import CurvePlot` loads plotext then
@@ -111,6 +179,7 @@ class CurvesPanel(Vertical):
         self._overlay_key: tuple[str, ...] = ()
         self._overlay_changes = 0
         self._overlay_xy: dict[tuple[int, str, str, float], tuple[list[float], list[float]]] = {}
+        self._series = SeriesCache()  # the current run's series, smoothed as they grow
         self._state: Any = None
 
     def compose(self) -> ComposeResult:
@@ -186,8 +255,7 @@ class CurvesPanel(Vertical):
         small = self.size.width < MIN_SIZE[0] or self.size.height < MIN_SIZE[1]
         plot.display = not small
         if small:  # axes and ticks would eat every cell: say so instead
-            self.query_one("#curves-legend", Static).update(Text("curves: too small here (a taller or wider "
-                                                                 "terminal shows them)", "dim"))
+            self._set_legend(Text("curves: too small here (a taller or wider terminal shows them)", "dim"))
             return
         width, height = plot.size.width or self.size.width, plot.size.height or self.size.height - 2
         background = Color.parse(self.app.theme_variables.get("surface", "#000000"))
@@ -203,36 +271,39 @@ class CurvesPanel(Vertical):
         shown: list[str] = []
         for name in SERIES:
             points = self.curves.series(name)
-            if not points:
-                continue
+            if not points or (name == "epoch_loss" and len(self.curves.train_loss) >= DENSE_STEPS * len(points)):
+                continue  # each epoch's mean lies on the smoothed step losses when they are dense: not drawn then
             shown.append(name)
             side = "right" if name == "test_acc" else "left"
             colour = COLOURS[name]
-            xs, raw = xy(points, self.axis)
+            xs, raw, smooth = self._series.get(name, points, self.axis, self.weight)
             if self.weight > 0:
                 faint = Color(*colour).blend(background, FAINT).rgb
                 lines.append((xs, raw, faint, side, None))
-                lines.append((xs, xy(points, self.axis, self.weight)[1], colour, side, "bold"))
+                lines.append((xs, smooth, colour, side, "bold"))
             else:
                 lines.append((xs, raw, colour, side, "bold"))
-        left = [y for xs, ys, _c, side, _s in lines if side == "left" for y in ys]
-        right = [y for xs, ys, _c, side, _s in lines if side == "right" for y in ys]
-        xs_all = [x for xs, *_ in lines for x in xs]
-        log = self.log_scale and bool(left) and min(left) > 0
-        dots = 2 * max(1, width - 12)  # braille: two dots a cell, less the axes' labels
+        left = _span(ys for _xs, ys, _c, side, _s in lines if side == "left")  # (lowest, highest) or None
+        right = _span(ys for _xs, ys, _c, side, _s in lines if side == "right")
+        x_span = _span(xs for xs, *_ in lines)
+        log = self.log_scale and left is not None and left[0] > 0
+        cells = max(1, width - 12)  # the plot's columns, less the axes' labels
         for xs, ys, colour, side, style in lines:
             if xs:
-                xs, ys = thin(xs, ys, dots)
+                # A raw curve keeps each column's lowest and highest point (its noise band), a
+                # smoothed one a point a column (the lines between them fill the braille dots):
+                # plotext's cost grows with the points, and the picture would not change.
+                xs, ys = thin(xs, ys, cells) if style is None or self.weight == 0 else sample(xs, ys, cells)
                 if log and side == "left":  # plotted as log10 here: plotext's own log scale breaks on a second build
                     ys = [math.log10(y) for y in ys]
                 plt.plot(xs, ys, color=colour, style=style, yside=side, marker="braille")
-        if xs_all:
-            lo, hi = min(xs_all), max(xs_all)
+        if x_span is not None:
+            lo, hi = x_span
             xt = ticks(self.axis, lo, hi, max(2, width // 10))
             plt.xticks(xt, [x_label(self.axis, x) for x in xt])
         y_count = max(2, (height - 3) // 2)
-        if left:
-            lo, hi = min(left), max(left)
+        if left is not None:
+            lo, hi = left
             if log:
                 yt = log_ticks(lo, hi, y_count)
                 plt.yticks([math.log10(y) for y in yt], [y_label(y) for y in yt], yside="left")
@@ -241,15 +312,23 @@ class CurvesPanel(Vertical):
                 step = yt[1] - yt[0] if len(yt) > 1 else None
                 plt.yticks(yt, [y_label(y, step) for y in yt], yside="left")
             plt.ylabel("loss (log)" if log else "loss", yside="left")
-        if right:
-            yt = linear_ticks(min(right), max(right), y_count)
+        if right is not None:
+            yt = linear_ticks(right[0], right[1], y_count)
             step = yt[1] - yt[0] if len(yt) > 1 else None
             plt.yticks(yt, [y_label(y, step, percent=True) for y in yt], yside="right")
             plt.ylabel("test acc (%)", yside="right")
         plt.xlabel(X_LABELS[self.axis])
-        self.query_one("#curves-legend", Static).update(self._legend(shown, bool(xs_all)))
+        self._set_legend(self._legend(shown, x_span is not None))
         plot.display = bool(lines)  # no empty frame before the first point
         plot.refresh()
+
+    _legend_shown: Text | None = None
+
+    def _set_legend(self, legend: Text) -> None:
+        """A new legend only when it says something new: an update lays the screen out again."""
+        if legend != self._legend_shown:
+            self._legend_shown = legend
+            self.query_one("#curves-legend", Static).update(legend)
 
     def _legend(self, shown: Sequence[str], any_points: bool) -> Text:
         text = Text(no_wrap=False)

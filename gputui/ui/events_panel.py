@@ -56,10 +56,24 @@ class EventsLog(ScrollView, can_focus=True):
             rows = self._wrap(stamp, text, severity, self._width)
             self._rows += rows
             self._counts.append(len(rows))
-            self.virtual_size = Size(self._width, len(self._rows))
-            if follow:
-                self.scroll_end(animate=False, immediate=False, x_axis=False)
+            in_place = self._grow(Size(self._width, len(self._rows)))
+            if follow:  # after the new layout, or now when there is none to wait for
+                self.scroll_end(animate=False, immediate=in_place, x_axis=False)
             self.refresh()
+
+    def _grow(self, size: Size) -> bool:
+        """The new virtual size after a line. Setting `virtual_size` lays the whole screen out
+        again, which a log taking a line a second can do without while it scrolls already (its
+        scrollbar stays; only the thumb moves): then the scrollbars are updated in place, and
+        this says True."""
+        view = self.scrollable_content_region.height
+        update = getattr(self, "_scroll_update", None)  # Textual's own step after a size change
+        if callable(update) and size.width == self.virtual_size.width and min(size.height, self.virtual_size.height) > view:
+            self.set_reactive(EventsLog.virtual_size, size)
+            update(size)
+            return True
+        self.virtual_size = size
+        return False
 
     def _wrap(self, stamp: str, text: str, severity: str, width: int) -> list[Strip]:
         style = self.get_component_rich_style(SEVERITY_CLASS.get(severity, "events--info"), partial=True)
