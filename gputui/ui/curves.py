@@ -27,7 +27,7 @@ from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, Seri
 from gputui.errors import GputuiError
 from gputui.model.text import clean
 
-REDRAW_S = 0.9  # at most 1.1 plot builds a second: above the 1 Hz the curves promise, at a bounded cost
+REDRAW_S = 0.85  # at most 1.2 plot builds a second: above the 1 Hz the curves promise, at a bounded cost
 SMOOTHING = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default
 COLOURS: dict[str, tuple[int, int, int]] = {"train_loss": (64, 156, 255), "epoch_loss": (176, 124, 255),
