@@ -11,9 +11,11 @@ X axes: `step`; `epoch` (fractional: step / steps_per_epoch); `samples` (step x 
 batch); `time`, the run's own clock (`elapsed_s`: evaluations and the gaps between a stop and
 its resume are not counted, so runs compare fairly).
 
-`Curves.fold` is cheap (one tuple append per event) so a fast run's events fold as they
-come; drawing is the widget's business (gputui.ui.curves, throttled). Everything read from
-a file is data: a number counts only if it is a finite int or float (not text, not a bool).
+`Curves.fold_all` takes a read of a run's events at once (one copy of each series that
+grew), so a fast run's events fold as they come; each series keeps at most MAX_POINTS,
+spread evenly over the run. Drawing is the widget's business (gputui.ui.curves, throttled).
+Everything read from a file is data: a number counts only if it is a finite int or float
+(not text, not a bool, not an integer too large for a float).
 """
 
 from __future__ import annotations
