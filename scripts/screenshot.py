@@ -36,8 +36,15 @@ async def shoot(out: Path, seconds: float) -> None:
         await pilot.pause(1.5)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(app.export_screenshot(title="gputui --demo"), encoding="utf-8")
-        await pilot.press("q", "t")
+        # q asks about the run started here (s: stop it, with a checkpoint), then about the
+        # slaves (t: terminate them): nothing is left running.
+        await pilot.press("q", "s")
+        await pilot.pause(0.5)
+        await pilot.press("t")
+        deadline = time.monotonic() + 120
         while app.is_running:
+            if time.monotonic() > deadline:
+                raise SystemExit("screenshot: the demo did not quit within 120 s of q, s, t")
             await pilot.pause(0.2)
 
 
