@@ -25,6 +25,7 @@ from gputui.events import finite, make, typed
 from gputui.ui.events_panel import EventsLog
 from gputui.watches import RunFacts, fold, fold_all
 
+from tests.dashboard_support import wait_for
 from tests.test_dashboard_batching import burst
 
 
@@ -136,10 +137,7 @@ def test_the_plot_read_from_plotexts_matrix_is_the_text_of_its_ansi_output() -> 
         async with app.run_test(size=(90, 24)) as pilot:
             panel = app.query_one(CurvesPanel)
             panel.state = state
-            for _ in range(100):
-                if app.query(CurvePlot):
-                    break
-                await pilot.pause(0.05)
+            await wait_for(pilot, lambda: app.query(CurvePlot), 60, "the plot widget to mount (plotext loads then)")
             plot = app.query_one(CurvePlot)
             panel.redraw()
             await pilot.pause()

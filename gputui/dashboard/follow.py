@@ -66,7 +66,7 @@ class Follower:
         except OSError:  # not written yet (a run still importing torch), or unreadable for now
             self.last_read = 0
             return []
-        complete: list[tuple[bytes, bool]] = []  # (line, history)
+        out: list[tuple[dict[str, Any], bool]] = []
         end = self.offset
         self.offset += len(data)
         self.last_read = len(data)
@@ -80,23 +80,15 @@ class Follower:
                 continue
             whole = self._partial + line
             self._partial = b""
-            if whole.strip():
-                complete.append((whole, end < self.history_end))
-        out = self._parse_all(complete)
+            event = self._parse(whole) if whole.strip() else None
+            if event is not None:
+                out.append((event, end < self.history_end))
         if self._skipping:
             return out
         self._partial += tail
         if len(self._partial) > self.max_line:
             self._partial = b""
             self._skipping = True
-        return out
-
-    def _parse_all(self, lines: list[tuple[bytes, bool]]) -> list[tuple[dict[str, Any], bool]]:
-        out = []
-        for line, history in lines:
-            event = self._parse(line)
-            if event is not None:
-                out.append((event, history))
         return out
 
     def _parse(self, line: bytes) -> dict[str, Any] | None:

@@ -192,9 +192,10 @@ class CostPanel(Vertical):
 
     def show(self, frame: CostFrame | None, eta_s: float | None, note: str) -> None:
         self.query_one(CostSummary).show(frame, eta_s, note)
-        if getattr(self, "_drawn", None) == (id(frame), self.confirm) and frame is self._frame:
+        drawn = getattr(self, "_drawn", None)
+        if drawn is not None and drawn[0] is frame and drawn[1] == self.confirm:
             return  # the same frame (a training update moved the ETA): the table and preview stand
-        self._frame, self._drawn = frame, (id(frame), self.confirm)
+        self._frame, self._drawn = frame, (frame, self.confirm)
         table = self.query_one(SlavesTable)
         if table.display != (frame is not None):
             table.display = frame is not None  # no cloud (or none yet): the note alone, full width

@@ -81,8 +81,8 @@ def _plot_class() -> Any:
             plotext draws into a matrix of characters and colours and then writes it out as one
             ANSI string, which textual-plotext parses back into rich Text: a third of a paint.
             This widget reads plotext's matrix into the same Text directly (same characters,
-            same styles, one span a run of colour). Should the vendored plotext ever differ from
-            what this expects, the paint goes the ANSI way, and says so once."""
+            same styles, one span a run of colour). Should a later plotext differ from what this
+            expects, the paint goes the ANSI way, and says so once."""
 
             DEFAULT_CSS = "CurvePlot { width: 1fr; height: 1fr; }"
             builds = 0  # plotext builds (one per paint of this widget)
@@ -108,7 +108,7 @@ def _plot_class() -> Any:
                 plot.plotsize(self.size.width, self.size.height)
                 plot._set_size(self.size.width, self.size.height)  # as PlotextPlot.render does
                 plot.theme(self._get_plotext_theme_name(self.app.theme))
-                plot._set_sizes()  # plotext's build(), but for writing the matrix out as ANSI text
+                plot._set_sizes()  # plotext's build(), less its writing the matrix out as ANSI text
                 plot._build_matrix()
                 return matrix_text(plot.monitor.matrix)
 
