@@ -91,17 +91,11 @@ def fold(facts: RunFacts, event: dict[str, Any]) -> RunFacts:
         return replace(base, run_id=run_id, active=True, started=when, last_step=None if not same else facts.last_step,
                        non_finite=None)
     if kind == "step":
-        raw = event.get("loss")
-        loss = _number(raw)
-        bad = None
-        if loss is not None and not math.isfinite(loss):
-            bad = f"{loss} at step {event.get('step')}"
-        elif isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
-            bad = f"{clean(raw, 20)} at step {event.get('step')}"
+        loss, bad = _step_loss(event)
         step = event.get("step")
         return replace(facts, last_step=when if when is not None else time.time(),
                        step=step if isinstance(step, int) else facts.step,
-                       loss=loss if loss is not None and math.isfinite(loss) else facts.loss,
+                       loss=_or(loss, facts.loss),
                        samples_per_s=_finite(event.get("samples_per_s"), facts.samples_per_s),
                        non_finite=bad or facts.non_finite)
     if kind in ("eval", "epoch"):
@@ -131,14 +125,8 @@ def fold_all(facts: RunFacts, events: list[dict[str, Any]]) -> RunFacts:
         step, loss, rate, bad = facts.step, facts.loss, facts.samples_per_s, facts.non_finite
         for event in steps:
             step = event.get("step") if isinstance(event.get("step"), int) else step
-            raw = event.get("loss")
-            value = _number(raw)
-            if value is not None and not math.isfinite(value):
-                bad = f"{value} at step {event.get('step')}"
-            elif isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
-                bad = f"{clean(raw, 20)} at step {event.get('step')}"
-            elif value is not None:
-                loss = value
+            value, said = _step_loss(event)
+            loss, bad = _or(value, loss), said or bad
             rate = _finite(event.get("samples_per_s"), rate)
         steps.clear()
         return replace(facts, last_step=when if when is not None else time.time(), step=step, loss=loss,
@@ -150,6 +138,22 @@ def fold_all(facts: RunFacts, events: list[dict[str, Any]]) -> RunFacts:
             continue
         facts = fold(flush(facts), event)
     return flush(facts)
+
+
+def _step_loss(event: dict[str, Any]) -> tuple[float | None, str | None]:
+    """A step event's loss if it is a finite number, and what to say when it is NaN or infinite
+    (as a number, or as text such as "nan")."""
+    raw = event.get("loss")
+    loss = _number(raw)
+    if loss is not None and not math.isfinite(loss):
+        return None, f"{loss} at step {event.get('step')}"
+    if isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return None, f"{clean(raw, 20)} at step {event.get('step')}"
+    return loss, None
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _finite(value: Any, default: float | None) -> float | None:
