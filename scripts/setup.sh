@@ -18,6 +18,7 @@ case "${1:-}" in
   *) echo "setup: unknown option '$1' (use --test for the test suite's needs)" >&2; exit 2 ;;
 esac
 fail() { echo "setup: $*" >&2; exit 2; }
+say() { echo "setup: $*"; }
 command -v python3 >/dev/null 2>&1 || fail "no python3 on the PATH: install Python 3.10+ (apt-get install python3)"
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail "$(python3 -V 2>&1) is too old: gputui needs Python 3.10+"
 
@@ -36,6 +37,7 @@ if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then sudo=""
   elif command -v sudo >/dev/null 2>&1; then sudo="sudo"
   else fail "installing$missing needs root: run as root, or install them first"; fi
+  say "installing system packages:$missing (apt-get)"
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
@@ -43,9 +45,16 @@ fi
 # The project venv (remade if a previous one no longer runs, e.g. its Python was removed).
 if ! .venv/bin/python -c '' 2>/dev/null; then
   rm -rf .venv
+  say "making the project virtual environment in .venv"
   python3 -m venv .venv || fail "python3 -m venv failed: install the venv module (apt-get install python3-venv)"
 fi
 extras=""
 [ "$tests" = 1 ] && extras="[test]"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+if .venv/bin/python -c 'import torch' 2>/dev/null; then
+  say "updating gputui${extras:+ and the test tools} in .venv"
+else
+  say "installing ${GPUTUI_TORCH:-torch==2.13.0 (the CPU build)}, gputui${extras:+ and the test tools} into .venv: about 1 GB the first time, a few minutes"
+fi
 .venv/bin/python -m pip install -q "${GPUTUI_TORCH:-torch==2.13.0}" -e ".$extras"
+say "done: .venv/bin/gputui --help lists the commands"
