@@ -163,19 +163,34 @@ def create(run_dir: Path | None) -> RunDir:
     return RunDir(path)
 
 
-def find(ref: str) -> RunDir:
-    """The run named by `ref`: 'last', a run id in the default location, or a run directory."""
-    home = runs_home()
+def find(ref: str, home: Path | None = None, flag: str = "--resume") -> RunDir:
+    """The run named by `ref`, the one resolver every command and the dashboard use:
+    - `last`: the run written to most recently (its events.jsonl, else its profile.toml), so a
+      run resumed after a newer one started is `last` again;
+    - a run id under `home` (default: the runs home);
+    - a run directory (one holding profile.toml or events.jsonl).
+    `flag` names the option in the one-line error (`--resume`, `--run`, `runs export`)."""
+    home = runs_home() if home is None else home
     if ref == "last":
-        runs = sorted((p for p in run_dirs(home)), key=lambda p: (p.name, p.stat().st_mtime))
-        if not runs:
-            raise UserError(f"--resume last: no runs in {home} yet; start one with `gputui run`")
-        return RunDir(runs[-1])
-    candidate = Path(ref).expanduser()
-    for path in (home / ref, candidate):
-        if (path / PROFILE).is_file():
+        newest = max(((written(p), p.name, p) for p in run_dirs(home)), default=None)
+        if newest is None:
+            raise UserError(f"{flag} last: no runs in {home} yet; start one with `gputui run`")
+        return RunDir(newest[2])
+    for path in (home / ref, Path(ref).expanduser()):
+        if (path / PROFILE).is_file() or (path / EVENTS).is_file():
             return RunDir(path)
-    raise UserError(f"--resume {ref}: no such run (not a run id in {home}, nor a run directory)")
+    raise UserError(f"{flag} {ref}: no such run (not a run id in {home}, nor a run directory); "
+                    "`gputui runs` lists them")
+
+
+def written(path: Path) -> float:
+    """When the run in `path` was last written: its events, else its profile (0 when neither can be read)."""
+    for name in (EVENTS, PROFILE):
+        try:
+            return (path / name).stat().st_mtime
+        except OSError:
+            continue
+    return 0.0
 
 
 def run_dirs(home: Path) -> Iterator[Path]:

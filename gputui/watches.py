@@ -23,22 +23,19 @@ _NON_FINITE_WORDS = ("not finite", "non-finite", "is nan", "is inf")
 
 
 def find_run(ref: str, home: Path | None = None) -> Path:
-    """The events file of `--run REF`: a run directory, a run id under the runs home, or `last`."""
-    from gputui.paths import runs_home
+    """The events file of `--run REF`: an events file, or a run as gputui.runs.find resolves it
+    (`last`, a run id, a run directory); a directory whose first events are yet to come."""
+    from gputui import runs
 
-    home = home if home is not None else runs_home()
-    if ref == "last":
-        found = sorted((p for p in home.iterdir() if (p / "events.jsonl").is_file()) if home.is_dir() else (),
-                       key=lambda p: ((p / "events.jsonl").stat().st_mtime, p.name))
-        if not found:
-            raise UserError(f"--run last: no run in {home} yet; start one with `gputui run`")
-        return found[-1] / "events.jsonl"
-    for path in (Path(ref).expanduser(), home / ref):
-        if path.is_file() and path.name.endswith(".jsonl"):
-            return path
-        if (path / "events.jsonl").is_file() or path.is_dir():  # a run directory (its first events may be to come)
-            return path / "events.jsonl"
-    raise UserError(f"--run {ref}: no such run (a run directory, a run id in {home}, or last)")
+    path = Path(ref).expanduser()
+    if path.is_file() and path.name.endswith(".jsonl"):
+        return path
+    try:
+        return runs.find(ref, home, flag="--run").events
+    except UserError:
+        if ref != "last" and path.is_dir():
+            return path / runs.EVENTS
+        raise
 
 
 def _number(value: Any) -> float | None:

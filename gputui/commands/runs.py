@@ -66,7 +66,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.csv is None:
         raise UserError(f"runs export {args.run_id}: name the format: --csv [FILE] (stdout without FILE)")
     home = args.dir.expanduser() if getattr(args, "dir", None) is not None else runs_home()
-    run = history.find_run(args.run_id, home)
+    run = runs.find(args.run_id, home, flag="runs export")
     rows = history.curves(runs.read_events(run.events))
     if args.csv == "-":
         history.write_csv(rows, sys.stdout)
