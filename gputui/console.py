@@ -6,6 +6,7 @@ Events may be relayed from slaves: their values are data. The progress view show
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Protocol
 
@@ -13,6 +14,15 @@ from gputui import units
 from gputui.events import typed
 from gputui.model.text import clean
 from gputui.runs import encode
+
+
+def table_width(pipe_width: int) -> int | None:
+    """The width of a table printed on stdout: the terminal's (None: rich measures it); off a
+    terminal, $COLUMNS when it is set, else `pipe_width` (wide enough that a file keeps every column)."""
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    return int(columns) if columns.isdigit() and int(columns) > 0 else pipe_width
 
 
 class View(Protocol):
@@ -41,7 +51,11 @@ class JsonView:
     written as they came (relayed text included, escaped); a relayed number that is not
     finite is written as null (gputui.events.typed), never as a line that is not JSON."""
 
+    def __init__(self) -> None:
+        self.said_error = False  # an `error` event went out (bad input before the run says its own)
+
     def show(self, event: dict[str, Any]) -> None:
+        self.said_error = self.said_error or event.get("event") == "error"
         try:
             line = encode(event)
         except ValueError:
@@ -61,6 +75,12 @@ def _num(value: Any, spec: str, unit: str = "") -> str:
         return f"{value:{spec}}{unit}"
     except ValueError:  # a float where an integer belongs
         return "n/a"
+
+
+def _epochs(value: Any) -> str:
+    """'1 epoch', '12 epochs'; 'n/a epochs' for what is not a whole number."""
+    n = _int(value)
+    return "n/a epochs" if n is None else units.plural(n, "epoch")
 
 
 def _fmt_acc(value: Any) -> str:
@@ -98,36 +118,48 @@ class ProgressView:
             TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}", markup=False),
-            TextColumn("acc {task.fields[acc]}", markup=False),
-            TextColumn("samples {task.fields[rate]}", markup=False),
+            # fixed widths: the bar does not jump as "n/a" becomes "0.1234" or 9.9k/s becomes 10k/s
+            TextColumn("loss {task.fields[loss]:>6}", markup=False),
+            TextColumn("acc {task.fields[acc]:>6}", markup=False),
+            TextColumn("{task.fields[rate]:>5} samples/s", markup=False),
             TimeRemainingColumn(),
             console=self.console,
             transient=False,
         )
         self.task: Any = None
         self.epochs = 0
+        self.steps_per_epoch = 0
         self._stopped = False
+
+    def _epoch(self, epoch: Any) -> str:
+        """'epoch 3/12', the number padded to the total's width (the bar does not move at 10)."""
+        total = str(self.epochs)
+        return f"epoch {_num(epoch, 'd'):>{len(total)}}/{total}"
 
     def show(self, event: dict[str, Any]) -> None:
         event = typed(event)
         kind = event.get("event")
         if kind == "start":
             self.epochs = _int(event.get("epochs")) or 0
+            self.steps_per_epoch = _int(event.get("steps_per_epoch")) or 0
             resumed = _int(event.get("resumed_from_step"))
             note = f", resumed at step {resumed}" if resumed is not None else ""
+            world = _int(event.get("world_size", 1))
             self.console.print(_text(
                 "run ", (event.get("run_id"), "bold"), ": model ", (event.get("model"), ""), " on ",
                 (event.get("device"), ""), " (", (event.get("strategy"), ""), ", ",
-                (_int(event.get("world_size", 1)) or "n/a", ""), f" process(es)){note}",
+                (units.plural(world, "process") if world else "n/a processes", ""), f"){note}",
             ))
+            epoch = 1
+            if resumed and self.steps_per_epoch:  # resumed in the epoch that step belongs to
+                epoch = min(resumed // self.steps_per_epoch + 1, max(self.epochs, 1))
             self.progress.start()
             self.task = self.progress.add_task(
-                f"epoch 1/{self.epochs}",
+                self._epoch(epoch),
                 total=_int(event.get("total_steps")),
                 completed=resumed or 0,
                 loss="n/a",
-                acc="n/a",
+                acc=_fmt_acc(event.get("last_acc")),  # a resumed run keeps its last accuracy
                 rate="n/a",
             )
         elif self.task is None:
@@ -136,9 +168,9 @@ class ProgressView:
             self.progress.update(
                 self.task,
                 completed=_int(event.get("step")),
-                description=f"epoch {_num(event.get('epoch'), 'd')}/{self.epochs}",
+                description=self._epoch(event.get("epoch")),
                 loss=_num(event.get("loss"), ".4f"),
-                rate=units.rate(event.get("samples_per_s")),  # "140k/s"; n/a for what is not a number
+                rate=units.rate(event.get("samples_per_s")).removesuffix("/s"),  # "140k samples/s"; n/a: not a number
             )
         elif kind in ("eval", "epoch"):
             self.progress.update(self.task, completed=_int(event.get("step")), acc=_fmt_acc(event.get("test_acc")))
@@ -158,7 +190,7 @@ class ProgressView:
             self.close()
             self.console.print(_text(
                 ("done", "green"),
-                f": test acc {_fmt_acc(event.get('test_acc'))} after {_num(event.get('epochs'), 'd')} epoch(s), "
+                f": test acc {_fmt_acc(event.get('test_acc'))} after {_epochs(event.get('epochs'))}, "
                 f"{_num(event.get('elapsed_s'), '.1f')} s training (+{_num(event.get('eval_s'), '.1f')} s evaluation)",
             ))
 

@@ -19,6 +19,8 @@ from gputui.model.text import clean
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 MIN_PYTHON = (3, 10)
+# The CUDA build of torch, into gputui's own venv (a system pip is refused on PEP 668 systems).
+CUDA_TORCH_FIX = "on a GPU machine: GPUTUI_TORCH=torch sh scripts/setup.sh (the CUDA build of torch)"
 REMOTE_TIMEOUT_S = 60.0  # importing torch on a cold remote disk is slow
 
 _REMOTE_PROBE = """import sys
@@ -60,16 +62,14 @@ def torch_checks() -> list[Check]:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken install is a finding, not a crash
-        return [Check("local", "torch", FAIL, f"cannot import torch: {type(exc).__name__}: {exc}", "python3 -m pip install torch")]
+        return [Check("local", "torch", FAIL, f"cannot import torch: {type(exc).__name__}: {exc}", "sh scripts/setup.sh (it installs torch into .venv)")]
     rows = [Check("local", "torch", PASS, f"torch {torch.__version__}")]
     cuda_build = torch.version.cuda
     if not torch.cuda.is_available():
         why = "a CPU build of torch" if cuda_build is None else f"CUDA {cuda_build} build, but no usable GPU or driver"
-        fix = "on a GPU machine: python3 -m pip install torch (the CUDA build)" if cuda_build is None else "check the driver with nvidia-smi"
+        fix = CUDA_TORCH_FIX if cuda_build is None else "check the driver with nvidia-smi"
         rows.append(Check("local", "cuda", WARN, f"no CUDA ({why}); training runs on the CPU", fix))
-        rows.append(Check("local", "cudnn", WARN, "n/a without CUDA", ""))
-        rows.append(Check("local", "nccl", WARN, "n/a without CUDA (DDP uses gloo)", ""))
-        return rows
+        return rows  # cuDNN and NCCL mean nothing without CUDA: no rows of their own
     rows.append(Check("local", "cuda", PASS, f"CUDA {cuda_build}, {torch.cuda.device_count()} GPU(s) visible to torch"))
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
     rows.append(
@@ -102,10 +102,8 @@ def nvml_checks() -> list[Check]:
     finally:
         source.close()
     if snap.state == HostState.NO_DRIVER:
-        return [
-            Check("local", "nvml", WARN, snap.message or "no NVIDIA driver", "on a GPU machine, install the NVIDIA driver (nvidia-smi should work)"),
-            Check("local", "gpus", WARN, "0 GPUs: training runs on the CPU", ""),
-        ]
+        return [Check("local", "nvml", WARN, f"{snap.message or 'no NVIDIA driver'}: no GPU to watch here",
+                      "on a GPU machine, install the NVIDIA driver (nvidia-smi should work)")]
     if snap.state != HostState.OK:
         fix = "python3 -m pip install nvidia-ml-py" if "not installed" in (snap.message or "") else "check the driver with nvidia-smi"
         return [Check("local", "nvml", FAIL, snap.message or "NVML failed", fix)]
@@ -119,7 +117,19 @@ def nvml_checks() -> list[Check]:
 
 
 def local_checks() -> list[Check]:
-    return [python_check(), *torch_checks(), *nvml_checks()]
+    return [python_check(), *no_gpu(torch_checks() + nvml_checks())]
+
+
+def no_gpu(rows: list[Check]) -> list[Check]:
+    """A machine with neither CUDA nor an NVIDIA driver is one finding (training runs on the
+    CPU), not one warning per missing piece."""
+    cuda = next((r for r in rows if r.name == "cuda"), None)
+    nvml = next((r for r in rows if r.name == "nvml"), None)
+    if cuda is None or nvml is None or cuda.status != WARN or nvml.status != WARN or len(rows) != 3:
+        return rows
+    torch_row = next(r for r in rows if r.name == "torch")
+    return [torch_row, Check("local", "gpu", WARN, "no GPU here (no CUDA, no NVIDIA driver): training runs on the CPU",
+                             "on a GPU machine: install the NVIDIA driver, then GPUTUI_TORCH=torch sh scripts/setup.sh")]
 
 
 def _connection_checks(name: str, failure: Any, bastion_failed: bool = False) -> list[Check]:

@@ -198,7 +198,8 @@ def table_width(widths: Sequence[int]) -> int:
 
 def layout(hosts: Sequence[HostSnapshot], width: int) -> tuple[list[_Col], bool]:
     """The columns that fit `width` (dropping in DROP_ORDER) and whether hosts get a host line."""
-    dropped: set[str] = set()
+    # no GPU on any host: the GPU columns would all be empty; the reason column says why
+    dropped: set[str] = set() if any(h.gpus for h in hosts) else {c.key for c in GPU_COLS if c.key != "name"}
     for step in (None, *DROP_ORDER):
         if step is not None:
             dropped.add(step)

@@ -181,7 +181,7 @@ def test_headless_output_off_a_terminal_keeps_whole_lines(small_data: Path, tmp_
                             capture_output=True, text=True, timeout=300, env=cli_env(COLUMNS="80"))
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
-    assert f"run {run_dir.name}: model seed on {auto_device()} (single, 1 process(es))" in lines, result.stderr
+    assert f"run {run_dir.name}: model seed on {auto_device()} (single, 1 process)" in lines, result.stderr
     assert any(line.startswith("epoch 1/1: train loss ") and line.endswith(" s training)") for line in lines), lines
     assert (f"run saved in {run_dir}; see it with: gputui runs --dir {tmp_path}, "
             f"gputui runs export '{run_dir}' --csv") in lines, lines

@@ -133,8 +133,11 @@ def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt]
     """
     s, p = ctx.settings, ctx.provider
     tags = instance_tags(ctx.cluster, ctx.owner)
-    public_key = s.read_public_key()
-    key_name = p.ensure_key_pair(key_pair_name(public_key), public_key, {TAG_MANAGED: "true"})
+    if p.name == "sim" and not s.public_key_path().is_file():  # simulated slaves are not logged in to
+        key_name = p.ensure_key_pair("gputui-sim-no-key", "", {TAG_MANAGED: "true"})
+    else:
+        public_key = s.read_public_key()
+        key_name = p.ensure_key_pair(key_pair_name(public_key), public_key, {TAG_MANAGED: "true"})
     group = p.ensure_security_group(f"gputui-{ctx.cluster}", plan.ssh_cidr, tags)
     image = p.resolve_image(s.ami)
     result, remaining, spot_quota_hit = UpResult(), plan.count, False

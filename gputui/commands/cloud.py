@@ -137,7 +137,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         view.say(f"{count} x {s.instance_type}: {view.launch_price_text(plan.quotes, zone, market)}; "
                  f"{view.money(rate * count)}/h in all; budget {view.money(s.budget_usd, 2)}, {view.money(status.spent_usd)} spent")
         if not view.confirm(f"Launch {count} x {s.instance_type} at about {view.money(rate * count)}/h? [y/N] ",
-                            args.yes, "gputui cloud up launches paid instances"):
+                            args.yes, "gputui cloud up launches " + ("simulated instances" if ctx.provider.name == "sim"
+                                                                     else "paid instances")):
             view.say("nothing launched")
             return 1
         try:

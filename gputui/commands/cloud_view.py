@@ -36,6 +36,8 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     from rich.table import Table
     from rich.text import Text
 
+    from gputui.console import table_width
+
     table = Table(title=Text(clean(title), style="table.title"), title_justify="left", caption_justify="left",
                   caption=None if caption is None else Text(clean(caption), style="table.caption"))
     for column in columns:
@@ -44,7 +46,7 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     for row in rows:
         table.add_row(*(Text(clean(str(cell))) for cell in row))
     # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
-    Console(width=None if sys.stdout.isatty() else 250).print(table)
+    Console(width=table_width(250)).print(table)
 
 
 def print_json(value: Any) -> None:

@@ -50,17 +50,20 @@ def _print_table(checks: list[Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from gputui.console import table_width
+    from gputui.units import plural
+
     from gputui.model.text import clean
 
     styles = {"pass": "green", "warn": "yellow", "fail": "bold red"}
-    table = Table(header_style="bold", pad_edge=False)
+    table = Table(header_style="bold")
     for title in ("Host", "Check", "Status", "Found", "Fix"):
         table.add_column(title, overflow="fold")
     for c in checks:
         # what remote hosts answered is data: plain text, never markup
         table.add_row(*(Text(clean(v)) for v in (c.host, c.name)), Text(c.status, style=styles[c.status]),
                       *(Text(clean(v)) for v in (c.detail, c.fix)))
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    console = Console(highlight=False, width=table_width(160))
     console.print(table)
     counts = {s: sum(c.status == s for c in checks) for s in styles}
-    console.print(f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed")
+    console.print(f"{counts['pass']} passed, {plural(counts['warn'], 'warning')}, {counts['fail']} failed")

@@ -11,7 +11,7 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     worker = subparsers.add_parser(
-        "worker", help="a sweep worker (started by `gputui sweep`)",
+        "worker", help=argparse.SUPPRESS,  # internal: started by `gputui sweep`, hidden from help
         description="A long-lived sweep worker: reads trials as JSON lines on stdin, writes run events and "
         "results as JSON lines on stdout (see gputui/sweep/protocol.py). Started by `gputui sweep`.")
     worker.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")

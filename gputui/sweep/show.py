@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.errors import UserError
+from gputui.paths import user_opener
 from gputui.sweep import study as studies
 from gputui.sweep.view import value_text
 
@@ -65,6 +66,13 @@ def best(study: Any) -> Any:
     return study.best_trial
 
 
+def wanted(study: Any, default: int) -> int:
+    """The trials the sweep's last master was asked for (`--trials` included), as the study records
+    it; the profile's `[sweep] trials` for a study that does not say."""
+    value = study.user_attrs.get("trials")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else default
+
+
 def report(name: str) -> dict[str, Any]:
     study, _profile, spec = studies.load(name, "sweep show")
     winner = best(study)
@@ -72,7 +80,7 @@ def report(name: str) -> dict[str, Any]:
     rows = trial_rows(study, spec)
     counted = [t for t in study.get_trials(deepcopy=False) if studies.counted(t)]
     return {"name": name, "storage": studies.storage_url(), "objective": spec.objective, "target": spec.target,
-            "direction": spec.direction, "trials": spec.trials, "finished": len(counted),
+            "direction": spec.direction, "trials": wanted(study, spec.trials), "finished": len(counted),
             "best": None if winner is None else {"number": winner.number, "value": winner.value,
                                                  "params": dict(winner.params)},
             "importances": imp, "importances_note": why, "trial_rows": rows}
@@ -123,7 +131,8 @@ def write_best_profile(name: str, target: Path | None) -> Path:
             f"# Train it again with: gputui run --profile {path}\n")
     cfg = replace(cfg, device=profile.run.device or "auto")
     try:
-        path.write_text(text + cfg.to_toml(), encoding="utf-8")
+        with open(path, "w", encoding="utf-8", opener=user_opener) as fh:  # the user's file: the user's umask
+            fh.write(text + cfg.to_toml())
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
