@@ -37,8 +37,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gputui import units
+from gputui.cloud.redact import scrub_url, url_host
 from gputui.model.telemetry import HostSnapshot, throttle_text
 from gputui.model.text import clean
+from gputui.paths import user_umask
 from gputui.schema import Field, Section
 
 CLEAR_MARGIN = 2.0  # degrees C / percentage points below the threshold before a reading clears
@@ -390,7 +392,7 @@ class Notifier:
                    GPUTUI_ALERT_MESSAGE=alert.message, GPUTUI_ALERT_HOST=alert.host or "")
         try:
             done = subprocess.run(argv, input=body, text=True, capture_output=True, timeout=self.settings.timeout_s,
-                                  env=env, check=False)
+                                  env=env, check=False, umask=user_umask())  # the user's program: the user's umask
         except subprocess.TimeoutExpired:
             self.report(f"alert command {argv[0]} took longer than {self.settings.timeout_s:g} s: stopped")
             return
@@ -402,19 +404,19 @@ class Notifier:
             self.report(f"alert command {argv[0]} failed (exit {done.returncode}){': ' + said if said else ''}")
 
     def _post(self, body: str) -> None:
+        import http.client
         import urllib.error
-        import urllib.parse
         import urllib.request
 
         url = self.settings.webhook or ""
         request = urllib.request.Request(url, data=body.encode(), method="POST",
                                          headers={"Content-Type": "application/json", "User-Agent": "gputui-alerts"})
-        host = urllib.parse.urlsplit(url).netloc
+        shown = url_host(url)  # host:port: the URL's user:password and path token are secrets
         try:
             with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as answer:
                 answer.read(65536)
         except urllib.error.HTTPError as exc:
-            self.report(f"alert webhook {host}: HTTP {exc.code} {clean(str(exc.reason), 80)}")
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.report(f"alert webhook {shown}: HTTP {exc.code} {clean(scrub_url(str(exc.reason), url), 80)}")
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # InvalidURL too
             reason = getattr(exc, "reason", None) or exc
-            self.report(f"alert webhook {host}: {clean(str(reason), 120)}")
+            self.report(f"alert webhook {shown}: {clean(scrub_url(str(reason), url), 120)}")

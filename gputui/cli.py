@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -111,6 +112,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gputui import paths
+
+    # Everything gputui and its children create is this account's alone (0700/0600): one umask
+    # covers every module and library that writes (torch, SQLite, loggers) and the processes it
+    # starts (workers, torchrun, slaves' commands); CSV exports take the user's umask back
+    # (paths.user_opener), and homes an older gputui left open are tightened here.
+    before = paths.private_umask()
+    try:
+        paths.tighten_homes()
+        return _main(argv)
+    finally:
+        os.umask(before)  # a caller in this process (a test, a script) gets its own umask back
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:  # no subcommand: the dashboard

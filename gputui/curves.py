@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence, TextIO
 
 from gputui import runs, units
 from gputui.errors import UserError
+from gputui.paths import user_opener
 from gputui.events import finite
 
 X_AXES = ("step", "epoch", "samples", "time")
@@ -401,7 +402,7 @@ def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]
     target = out if out is not None else path / CSV_NAME
     rows = history.curves(runs.read_events(events_path))
     try:
-        with open(target, "w", encoding="utf-8", newline="") as fh:
+        with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
             count = history.write_csv(rows, fh)
     except OSError as exc:
         raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None

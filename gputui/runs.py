@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from gputui.errors import GputuiError, UserError
-from gputui.paths import runs_home
+from gputui.paths import private_dir, private_opener, runs_home
 
 PROFILE = "profile.toml"
 EVENTS = "events.jsonl"
@@ -157,7 +157,7 @@ def create(run_dir: Path | None) -> RunDir:
     if (path / EVENTS).exists() or (path / CHECKPOINT).exists():
         raise UserError(f"{path}: already holds a run; resume it with --resume {path} or pick another --run-dir")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        private_dir(path)  # 0700: its profile, events and checkpoint are this account's alone
     except OSError as exc:
         raise UserError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
     return RunDir(path)
@@ -252,7 +252,7 @@ class EventLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._fh = open(path, "a", encoding="utf-8")
+            self._fh = open(path, "a", encoding="utf-8", opener=private_opener)
         except OSError as exc:
             raise GputuiError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -21,7 +21,7 @@ from gputui.cloud.pricing import SourcedPrice
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord, PricePoint
-from gputui.paths import data_home
+from gputui.paths import data_home, private_db
 
 SCHEMA_VERSION = 3
 SCHEMA = """
@@ -73,8 +73,10 @@ def default_path() -> Path:
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """An autocommit, thread-shareable connection to the SQLite file at `path`, in WAL mode."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """An autocommit, thread-shareable connection to the SQLite file at `path`, in WAL mode.
+    The file is this account's alone (0600, an older open one tightened), and so are its -wal
+    and -shm files, which SQLite makes with the database's mode."""
+    private_db(path)
     db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     return db

@@ -203,8 +203,12 @@ class Bootstrapper:
     # -- steps ---------------------------------------------------------------------------
     def _look(self, conn: SlaveConnection) -> tuple[str, dict[str, Any]]:
         """Create the base directory; return its absolute path and the marker (or {})."""
-        script = (f"mkdir -p {quote_path(self.remote_dir)} && cd {quote_path(self.remote_dir)} && "
-                  f"mkdir -p runs data wheels home && pwd && cat {sh(MARKER)} 2>/dev/null; "
+        # Private to this account (another one on the slave must not read runs, data or logs):
+        # made 0700, gputui's own directories tightened, and the base too once it holds the marker
+        # (a directory the user named that gputui did not make keeps its mode).
+        script = (f"umask 077 && mkdir -p {quote_path(self.remote_dir)} && cd {quote_path(self.remote_dir)} && "
+                  f"mkdir -p runs data wheels home && chmod go-rwx runs data wheels home && "
+                  f"{{ test ! -e {sh(MARKER)} || chmod go-rwx . || true; }} && pwd && cat {sh(MARKER)} 2>/dev/null; "
                   "test -x venv/bin/python || echo '@@novenv'")
         out = conn.check(script, what=f"creating {self.remote_dir}")
         lines = out.splitlines()

@@ -61,7 +61,7 @@ def row(s: Any) -> list[str]:
 def cmd_export(args: argparse.Namespace) -> int:
     from gputui import history, runs
     from gputui.errors import UserError
-    from gputui.paths import runs_home
+    from gputui.paths import runs_home, user_opener
 
     if args.csv is None:
         raise UserError(f"runs export {args.run_id}: name the format: --csv [FILE] (stdout without FILE)")
@@ -73,7 +73,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     target = Path(args.csv).expanduser()
     try:
-        with open(target, "w", encoding="utf-8", newline="") as fh:
+        with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
             count = history.write_csv(rows, fh)
     except OSError as exc:
         raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None

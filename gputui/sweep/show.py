@@ -9,6 +9,7 @@ from typing import Any
 
 from gputui.errors import UserError
 from gputui.paths import user_opener
+from gputui.paths import user_opener
 from gputui.sweep import study as studies
 from gputui.sweep.view import value_text
 

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Protocol
 
 from gputui.errors import UserError
+from gputui.paths import private_dir, private_opener
 from gputui.sweep import protocol
 from gputui.sweep.space import SweepSpec, default_threads
+from gputui.train.rdzv import clean_env
 
 
 class WorkerGone(Exception):
@@ -73,9 +75,9 @@ class ProcessHandle:
     """A worker in a local subprocess; stderr goes to a log file (its tail explains a death)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(log.parent)
         self.log = log
-        self._err: IO[bytes] = open(log, "ab")
+        self._err: IO[bytes] = open(log, "ab", opener=private_opener)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                          env=env, text=True, bufsize=1, start_new_session=True)
@@ -158,7 +160,7 @@ class LocalSlot:
 
     def spawn(self) -> ProcessHandle:
         argv = [sys.executable, "-m", "gputui", "worker", "--device", self.device]
-        env = dict(os.environ)
+        env = clean_env(os.environ)  # a trial needs no cloud key, token or SSH agent (as DDP's ranks)
         if self.threads:
             argv += ["--threads", str(self.threads)]
             env["OMP_NUM_THREADS"] = str(self.threads)  # before torch starts its pool

@@ -9,12 +9,14 @@ attribute `requeued` = true, and its parameters are enqueued again (the new tria
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
+from gputui.cloud.redact import holds_secrets, redact_profile, restore_profile
 from gputui.errors import UserError
-from gputui.paths import data_home
+from gputui.paths import data_home, private_db
 from gputui.sweep.space import SweepSpec, parse_text
 
 REQUEUED = "requeued"
@@ -56,7 +58,7 @@ def storage(path: Path | None = None) -> Any:
     optuna = _optuna()
     target = path or storage_path()
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_db(target)  # 0600, as are its -wal/-shm: the study holds the sweep's profile
         # WAL (kept in the file): readers such as `sweep show` or optuna-dashboard never block the
         # master, and a commit costs no fsync of the whole journal: a trial's dozen writes take
         # ~50 ms instead of ~300 ms on a VM's disk. synchronous=NORMAL keeps every commit through a
@@ -103,7 +105,7 @@ def create(spec: SweepSpec) -> Any:
     sampler, pruner = sampler_and_pruner(spec)
     study = optuna.create_study(study_name=spec.name, storage=store, direction=spec.direction, sampler=sampler,
                                 pruner=pruner)
-    study.set_user_attr(PROFILE_ATTR, spec.profile_text)
+    study.set_user_attr(PROFILE_ATTR, redact_profile(spec.profile_text))  # no webhook, token or password
     study.set_user_attr(PROFILE_PATH_ATTR, spec.profile_path)
     study.set_user_attr("objective", spec.objective)
     study.set_user_attr("trials", spec.trials)
@@ -126,6 +128,12 @@ def load(name: str, what: str = "--resume") -> tuple[Any, Any, SweepSpec]:
     if not isinstance(text, str):
         raise UserError(f"{what} {name}: this study was not made by gputui sweep (no profile recorded)")
     path = plain.user_attrs.get(PROFILE_PATH_ATTR)
+    if holds_secrets(text):  # kept by an older gputui: keep it without them from now on
+        plain.set_user_attr(PROFILE_ATTR, redact_profile(text))
+    text, missing = restore_profile(text, _read_profile(path))
+    if missing and what == "--resume":
+        print(f"gputui: note: sweep {name}: {', '.join(missing)} not kept in the study (a secret) and "
+              f"{path or 'its profile'} no longer holds it: this sweep goes on without it", file=sys.stderr)
     profile, spec = parse_text(text, Path(path) if isinstance(path, str) else None)
     if spec.name != name:  # the profile names itself by its file; the study's name is the one to keep
         from dataclasses import replace
@@ -134,6 +142,16 @@ def load(name: str, what: str = "--resume") -> tuple[Any, Any, SweepSpec]:
     sampler, pruner = sampler_and_pruner(spec)
     study = optuna.load_study(study_name=name, storage=store, sampler=sampler, pruner=pruner)
     return study, profile, spec
+
+
+def _read_profile(path: Any) -> str | None:
+    """The text of the profile a study was started from, for the secrets the study does not keep."""
+    if not isinstance(path, str):
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def counted(trial: Any) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from gputui.errors import GputuiError, UserError
+from gputui.paths import private_opener
 
 CHECKPOINT = "ckpt.pt"
 FORMAT = 1
@@ -24,7 +25,7 @@ def save(path: Path, state: dict[str, Any]) -> None:
     """Write `state` to `path` so that a crash leaves either the old or the new file."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "wb", opener=private_opener) as fh:  # 0600 (the CLI's umask does it too)
             torch.save({"format": FORMAT, **state}, fh)
             fh.flush()
             os.fsync(fh.fileno())
