@@ -9,7 +9,6 @@ from typing import Any
 
 from gputui.errors import UserError
 from gputui.paths import user_opener
-from gputui.paths import user_opener
 from gputui.sweep import study as studies
 from gputui.sweep.view import value_text
 
