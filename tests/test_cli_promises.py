@@ -61,7 +61,7 @@ def test_a_ddp_worker_that_dies_fails_the_run_with_exit_1_and_one_line(small_dat
                env=cli_env(), name="gputui run --strategy ddp") as run:
         run.wait_for(lambda e: e["event"] == "epoch", 180, "an 'epoch' event")
         workers = [p for p in psutil.Process(run.proc.pid).children(recursive=True)
-                   if "gputui.train.distributed" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())]
+                   if "gputui.train.distributed" in " ".join(p.cmdline()) and "gputui.train.launch" not in " ".join(p.cmdline())]
         assert len(workers) == 2, [w.cmdline() for w in workers]
         workers[-1].kill()
         kinds = [json.loads(line)["event"] for line in run.rest(120, "the end of the output after a worker died")]

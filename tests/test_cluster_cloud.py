@@ -86,7 +86,7 @@ def trainers(run_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "-m gputui.cluster.worker" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd \
+        if "-m gputui.cluster.worker" in cmd and str(run_dir) in cmd and "gputui.train.launch" not in cmd \
                 and "gputui.cluster.node" not in cmd:
             found.append(proc)
     return found

@@ -1,5 +1,5 @@
 """Multi-node training on one machine: sshd "nodes" on 127.0.0.2/.3, a wheel-bootstrapped
-venv on each, torchrun with gloo and a c10d rendezvous served by the master."""
+venv on each, torchrun with gloo and gputui's static rendezvous in a store the master serves."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def _worker_pids(marker: str) -> list[psutil.Process]:
         cmd = " ".join(proc.info["cmdline"] or [])
         # the trainer itself, not its node supervisor or torchrun (whose command lines name it too)
         if "-m gputui.cluster.worker" in cmd and marker in cmd and "gputui.cluster.node" not in cmd \
-                and "torch.distributed.run" not in cmd:
+                and "gputui.train.launch" not in cmd:
             found.append(proc)
     return found
 

@@ -1,5 +1,5 @@
 """Clusters: the master (this machine) turns slaves on and off, bootstraps them over SSH
-and trains across them with torchrun (c10d rendezvous, NCCL between GPUs, gloo on CPUs).
+and trains across them with torchrun (gputui's static rendezvous: gputui.train.launch; NCCL between GPUs, gloo on CPUs).
 
 settings   the `[cluster]` profile table (torch-free)
 sshnode    one slave's SSH connection: exec, streaming exec, SFTP

@@ -1,6 +1,11 @@
 """The training part of a cluster run: attempts, each one torchrun per node under one
 rendezvous, monitored until every node has exited.
 
+Each attempt has a fixed set of nodes, ranked here (gputui's static rendezvous,
+gputui.train.launch: nothing a store holds is unpickled), and a fresh secret token for its
+keys in the master's store: the master's own node gets it in its environment, a slave in a
+0600 file written through a command's stdin (`rdzv.token` in its run directory).
+
 An attempt ends in one of four ways (`Outcome`): the group finished (`done`), a stop was
 requested (`interrupted`: the workers checkpointed), a node was lost or the group stopped
 on a slave's SIGTERM (`relaunch`: the nodes are refilled and the next attempt resumes from
@@ -15,6 +20,7 @@ import enum
 import os
 import queue
 import time
+from typing import Any
 
 from gputui.cluster.context import RunContext
 from gputui.cluster.identity import resume_ref
@@ -22,11 +28,14 @@ from gputui.cluster.members import STOP_GRACE_S, Node
 from gputui.cluster.procs import LocalNode, RemoteNode, Rendezvous
 from gputui.cluster.recovery import Recovery
 from gputui.cluster.relay import Relay
+from gputui.cluster.sshnode import sh
 from gputui.cluster.stopping import Stopped
 from gputui.errors import GputuiError, UserError
 from gputui.runs import CHECKPOINT
 
 EXIT_GRACE_S = 5.0  # after the group finished or stopped, how long the other nodes get to exit by themselves
+TOKEN_FILE = "rdzv.token"  # in a slave's run directory: the attempt's rendezvous token (0600)
+TOKEN_WRITE_S = 60.0  # how long writing it may take
 
 
 class Outcome(enum.Enum):
@@ -77,20 +86,21 @@ class Attempts:
         ctx.group.new_attempt()
         self.lost.clear()
         self.failure = None
-        for node in ctx.group:
+        for rank, node in enumerate(ctx.group):
             if not ctx.stops.requested:
-                self._start(node, rdzv, resume)
+                self._start(node, rank, rdzv, resume)
         return self._monitor()
 
     def _rendezvous(self, attempt: int) -> Rendezvous:
+        from gputui.train.rdzv import new_token
+
         ctx, s = self.ctx, self.ctx.settings
         env = {"GLOO_SOCKET_IFNAME": s.socket_ifname, "NCCL_SOCKET_IFNAME": s.socket_ifname} if s.socket_ifname else {}
-        # Workers get a fresh store from their rank 0 each round: in the master's long-lived rendezvous
-        # store, keys of an earlier round would make a restarted group connect to dead peers.
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        return Rendezvous(f"{ctx.store_host}:{ctx.store.port}", ctx.identity.rdzv_id(attempt),
-                          min(s.min_nodes, len(ctx.group)), max(s.nodes, len(ctx.group)), s.nproc_per_node,
-                          s.max_restarts, s.join_timeout, env=env)
+        # The workers get a fresh store from their rank 0 each round (the launcher's handler does
+        # not share the master's: keys of an earlier round would make a restarted group connect to dead peers).
+        return Rendezvous(f"{ctx.store_host}:{ctx.store.port}", ctx.identity.rdzv_id(attempt), len(ctx.group),
+                          min(s.min_nodes, len(ctx.group)), s.nproc_per_node, s.max_restarts, s.join_timeout,
+                          token=new_token(), env=env)
 
     def _endpoint(self, node: Node) -> str:
         """host:port where `node`'s torchrun finds the store: through its own tunnel by default."""
@@ -101,23 +111,27 @@ class Attempts:
             node.forward = node.conn.forward_to_master(ctx.store.port)
         return node.forward.endpoint
 
-    def _start(self, node: Node, rdzv: Rendezvous, resume: bool) -> None:
+    def _start(self, node: Node, rank: int, rdzv: Rendezvous, resume: bool) -> None:
+        from gputui.train.rdzv import TOKEN_ENV, TOKEN_FILE_ENV
+
         ctx = self.ctx
         if node.log is None:
             (ctx.run.path / "nodes").mkdir(exist_ok=True)
             node.log = open(ctx.run.path / "nodes" / f"{node.name}.log", "a", encoding="utf-8")
         if node.kind == "master":
             run_dir = str(ctx.run.path)
-            args = rdzv.torchrun_args(node.address, run_dir, node.name, self._endpoint(node),
+            args = rdzv.torchrun_args(rank, node.address, run_dir, node.name, self._endpoint(node),
                                       resume=f"{run_dir}/{CHECKPOINT}" if resume else None)
-            node.proc = LocalNode(node.name, ctx.items, args, rdzv.env, STOP_GRACE_S)
+            node.proc = LocalNode(node.name, ctx.items, args, {**rdzv.env, TOKEN_ENV: rdzv.token}, STOP_GRACE_S)
             return
         assert node.conn is not None and node.boot is not None
         run_dir = node.boot.run_dir(ctx.identity.slave_name)
-        env = {**rdzv.env, "GPUTUI_HOME": node.boot.home}
+        token_file = f"{run_dir}/{TOKEN_FILE}"
+        put_secret(node.conn, rdzv.token, token_file)
+        env = {**rdzv.env, "GPUTUI_HOME": node.boot.home, TOKEN_FILE_ENV: token_file}
         if node.kind == "cloud" and os.environ.get("GPUTUI_IMDS_URL"):  # another metadata endpoint for the watcher
             env["GPUTUI_IMDS_URL"] = os.environ["GPUTUI_IMDS_URL"]
-        args = rdzv.torchrun_args(node.address, run_dir, node.name, self._endpoint(node),
+        args = rdzv.torchrun_args(rank, node.address, run_dir, node.name, self._endpoint(node),
                                   resume=f"{run_dir}/{CHECKPOINT}" if resume else None)
         node.proc = RemoteNode(node.name, ctx.items, node.conn, node.boot.venv_python, node.boot.base, args, env,
                                STOP_GRACE_S, spot_watcher=node.kind == "cloud")
@@ -197,3 +211,26 @@ class Attempts:
             raise GputuiError(f"the cluster's torchrun failed before training started ({tails}); "
                               f"see {ctx.run.path / 'nodes'}")
         return Outcome.RELAUNCH
+
+
+def put_secret(conn: Any, secret: str, remote: str) -> None:
+    """`secret` into a file at `remote` that only the slave's user can read (created 0600, then
+    renamed into place), sent on the command's stdin: a command line shows in `ps` to everyone."""
+    from gputui.errors import GputuiError
+
+    part = remote + ".part"
+    command = "umask 077 && " + sh("rm", "-f", part) + " && cat > " + sh(part) + " && " + sh("mv", "-f", part, remote)
+    try:
+        channel = conn.open(command)
+        channel.sendall(secret.encode("ascii"))
+        channel.shutdown_write()
+        done = channel.status_event.wait(TOKEN_WRITE_S)
+        status = channel.recv_exit_status() if done else None
+        channel.close()
+    except GputuiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a dropped connection is the slave's failure
+        raise GputuiError(f"slave {conn.name}: cannot write the rendezvous token ({exc})") from None
+    if status != 0:
+        raise GputuiError(f"slave {conn.name}: writing the rendezvous token to {remote} failed "
+                          f"({'no answer' if status is None else f'exit {status}'})")

@@ -129,7 +129,7 @@ def _start_cloud(ctx: RunContext, count: int, minimum: int) -> None:
 
 
 def _serve_rendezvous(ctx: RunContext) -> None:
-    """The c10d store, on the master's loopback (slaves come through their SSH tunnel), or
+    """The rendezvous store, on the master's loopback (slaves come through their SSH tunnel), or
     with rendezvous = "direct" on master_addr alone, said out loud."""
     from gputui.train.rdzv import LOOPBACK, serve_store
 

@@ -1,8 +1,9 @@
 """The master's side of a cluster run: bring-up, attempts, teardown, in that order.
 
-The master serves the c10d rendezvous store itself (a TCPStore on `master_addr:rdzv_port`),
+The master serves the rendezvous store itself (a TCPStore on loopback, or `master_addr:rdzv_port`),
 so no node is special and losing any node never loses the rendezvous. Every node runs
-`torchrun --nnodes MIN:MAX --max-restarts R`: a dead trainer is restarted in place by
+torchrun with gputui's static rendezvous (`--nnodes N --rdzv-conf rank=R`, gputui.train.launch:
+nothing read from the store is unpickled) and `--max-restarts R`: a dead trainer is restarted in place by
 torchrun, and the ranks resume from the newest checkpoint any node holds (see
 gputui.cluster.worker). A node whose torchrun is gone is replaced (a new cloud slave, or
 the same host again) or dropped when at least min_nodes remain, and the group relaunched.

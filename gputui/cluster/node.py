@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from gputui.supervisor import GRACE_S, Tree, become_subreaper
 from gputui.train.distributed import _die_with_parent
+from gputui.train.rdzv import LAUNCHER
 
 NODE_TAG = "@@gputui-node "
 
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     become_subreaper()  # workers whose torchrun dies come back to this supervisor
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
+        [sys.executable, "-m", LAUNCHER, *torchrun_args],  # torchrun with gputui's rendezvous
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         preexec_fn=_die_with_parent,  # its own session; SIGTERM if this supervisor is killed
     )

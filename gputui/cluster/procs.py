@@ -1,6 +1,6 @@
 """The master's handle on one node's torchrun: a local subprocess or an SSH exec channel.
 
-Both run `python -m gputui.cluster.node -- TORCHRUN-ARGS` and feed every output line, then
+Both run `python -m gputui.cluster.node -- TORCHRUN-ARGS` (torchrun: gputui.train.launch) and feed every output line, then
 the exit code, into one queue read by the master. `stop()` writes `stop` to the node's
 supervisor (it SIGTERMs torchrun: the workers checkpoint); `stop(now=True)` writes `kill`
 (SIGKILL now during a stop, else a second after SIGTERM); `kill()` drops the node outright:
@@ -28,26 +28,34 @@ Item = tuple[str, str, Any]
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where and how the nodes of one launch meet (torchrun's c10d rendezvous)."""
+    """Where and how the nodes of one attempt meet: gputui's static rendezvous (gputui.train.launch).
+
+    The attempt's nodes are fixed: node `rank` of `nnodes` is given here by the master (torch's
+    elastic c10d rendezvous, which unpickles what it reads from the store, is never used; the
+    master itself relaunches an attempt with the nodes that are left). Every key in the store
+    lives under `token`, which reaches a node through its environment or a 0600 file, never a
+    command line."""
 
     endpoint: str  # host:port of the store the master serves
     rdzv_id: str
-    min_nodes: int
-    max_nodes: int
+    nnodes: int  # the attempt's nodes, each with its rank
+    min_nodes: int  # the fewest nodes the run goes on with (shown in the `cluster` event)
     nproc_per_node: int
     max_restarts: int
     join_timeout: float
-    last_call_timeout: float = 3.0
+    token: str = field(default="", repr=False)
     env: Mapping[str, str] = field(default_factory=dict)
 
-    def torchrun_args(self, local_addr: str, run_dir: str, node: str, endpoint: str | None = None,
+    def torchrun_args(self, node_rank: int, local_addr: str, run_dir: str, node: str, endpoint: str | None = None,
                       resume: str | None = None) -> list[str]:
-        """torchrun's arguments on one node; `endpoint`: where that node reaches the store (its tunnel);
-        `resume`: the checkpoint the workers resume from (without it they start at step 0)."""
-        conf = f"is_host=0,join_timeout={int(self.join_timeout)},last_call_timeout={int(self.last_call_timeout)}"
+        """torchrun's arguments for node `node_rank`; `endpoint`: where that node reaches the store
+        (its tunnel); `resume`: the checkpoint the workers resume from (without it they start at step 0)."""
+        from gputui.train.rdzv import BACKEND
+
+        conf = f"rank={node_rank},timeout={max(1, int(self.join_timeout))}"
         return [
-            f"--nnodes={self.min_nodes}:{self.max_nodes}", f"--nproc-per-node={self.nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint or self.endpoint}", f"--rdzv-id={self.rdzv_id}",
+            f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
+            f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint or self.endpoint}", f"--rdzv-id={self.rdzv_id}",
             f"--rdzv-conf={conf}", f"--local-addr={local_addr}", f"--max-restarts={self.max_restarts}",
             "--monitor-interval=0.5",
             "-m", "gputui.cluster.worker", "--gputui-run-dir", run_dir, "--gputui-node", node,

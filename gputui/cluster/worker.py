@@ -3,7 +3,7 @@
     python -m torch.distributed.run ... -m gputui.cluster.worker --gputui-run-dir DIR --gputui-node NAME
 
 Differences from the single-node worker (gputui.train.distributed):
-- rank 0, wherever c10d placed it, prints its events as tagged JSON lines on stdout; the
+- rank 0 (on the attempt's first node) prints its events as tagged JSON lines on stdout; the
   master reads every node's output and relays them into its own run directory;
 - every node's local rank 0 keeps a checkpoint in its run directory (DDP keeps the
   weights identical), so any surviving node can resume the run;

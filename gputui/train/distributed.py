@@ -1,7 +1,9 @@
 """DDP through torchrun (torch.distributed.run): the launcher side and the worker side.
 
-`gputui run --strategy ddp` starts `python -m torch.distributed.run --standalone ...
--m gputui.train.distributed --run-dir DIR`; each rank reads the run's resolved
+`gputui run --strategy ddp` starts torchrun (`python -m gputui.train.launch --nnodes=1
+--rdzv-backend=gputui ... -m gputui.train.distributed --run-dir DIR`: gputui's static
+rendezvous, a client of the loopback store this process serves, its keys under a secret
+token passed in the environment; nothing from the store is unpickled); each rank reads the run's resolved
 profile, trains its share of every global batch, and rank 0 writes the events and
 checkpoints. The launching process tails events.jsonl and shows it, so the output
 is the same as a single-process run.
@@ -24,24 +26,25 @@ from typing import Any, Callable, Mapping
 from gputui.errors import GputuiError, UserError
 from gputui.runs import RunDir
 from gputui.supervisor import STOP_SIGNALS, Tree, become_subreaper
-from gputui.train.rdzv import LOOPBACK, clean_env, release, serve_store
+from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, release, serve_store
 
 LAUNCHER_LOG = "launcher.log"
 
 
 def torchrun_command(run: RunDir, nproc: int, resume: bool, rdzv_port: int) -> list[str]:
     """torchrun on this machine alone, meeting at the loopback store gputui serves on `rdzv_port`
-    (not `--standalone`, whose store listens on every interface)."""
+    through gputui's static rendezvous (gputui.train.launch: node rank 0 of 1, nothing unpickled;
+    not `--standalone`, whose c10d store listens on every interface and feeds the agent pickles)."""
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        LAUNCHER,
         "--nnodes=1",
         f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d",
+        f"--rdzv-backend={BACKEND}",
         f"--rdzv-endpoint={LOOPBACK}:{rdzv_port}",
         f"--rdzv-id={run.run_id}",
-        "--rdzv-conf=is_host=0",
+        "--rdzv-conf=rank=0",
         f"--local-addr={LOOPBACK}",
         "--max-restarts=0",
         "-m",
@@ -52,12 +55,13 @@ def torchrun_command(run: RunDir, nproc: int, resume: bool, rdzv_port: int) -> l
     return cmd + (["--resume"] if resume else [])
 
 
-def local_group_env(base: Mapping[str, str]) -> dict[str, str]:
+def local_group_env(base: Mapping[str, str], token: str) -> dict[str, str]:
     """The environment of a one-machine torchrun: no credentials, every socket on loopback
-    (the workers' store on MASTER_ADDR = 127.0.0.1, gloo and NCCL's bootstrap on `lo`)."""
+    (the workers' store on MASTER_ADDR = 127.0.0.1, gloo and NCCL's bootstrap on `lo`), and the
+    rendezvous token (an environment is private to its account, a command line is not)."""
     env = clean_env(base)
+    env[TOKEN_ENV] = token
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # the workers serve their own store (bound by init_rank)
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -78,7 +82,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
     """Run torchrun to the end, showing rank 0's events; return 'done' or 'interrupted'."""
     offset = run.events.stat().st_size if run.events.exists() else 0
     log_path = run.path / LAUNCHER_LOG
-    env = local_group_env(os.environ)
+    env = local_group_env(os.environ, new_token())
     store = serve_store(LOOPBACK, 0, timeout_s=600)
     become_subreaper()  # workers whose torchrun dies come back to us, not to init
     with open(log_path, "ab") as log:

@@ -1,10 +1,14 @@
-"""Where ranks meet, bound where gputui says and nowhere else.
+"""Where ranks meet, bound where gputui says and nowhere else, and keyed by a secret.
 
-torch's TCPStore listens on every interface (`[::]`) whatever host it is given, and the c10d
-rendezvous store feeds torchrun's agents `pickle` data: whoever reaches it runs code on the
-nodes. So gputui binds each store's socket itself and hands it over (`master_listen_fd`):
+torch's TCPStore listens on every interface (`[::]`) whatever host it is given, so gputui binds
+each store's socket itself and hands it over (`master_listen_fd`):
 - the rendezvous store on 127.0.0.1 (slaves reach it through their SSH connection);
 - the workers' own store on the address their rank 0 advertises (MASTER_ADDR).
+Any account on a node can still connect to those sockets (the port is in `ps`). So nothing
+read from a store is unpickled (torchrun's c10d rendezvous does: gputui.train.launch
+replaces it), and every key gputui's launchers and workers use starts with a random token
+(`token_prefix`) that only this account holds (an environment variable, or a 0600 file on a
+slave): another account cannot name those keys, so it can at most make a run fail.
 Processes started for a run also get an environment without credentials.
 """
 
@@ -12,11 +16,17 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 from datetime import timedelta
 from typing import Any, Mapping
 
 LOOPBACK = "127.0.0.1"
+BACKEND = "gputui"  # torchrun's --rdzv-backend for gputui's static rendezvous (gputui.train.launch)
+LAUNCHER = "gputui.train.launch"  # `python -m LAUNCHER TORCHRUN-ARGS`: torchrun knowing that backend
+TOKEN_ENV = "GPUTUI_RDZV_TOKEN"  # the secret itself (a process's environment is private to its account)
+TOKEN_FILE_ENV = "GPUTUI_RDZV_TOKEN_FILE"  # or a 0600 file holding it (how a slave gets it: never a command line)
+_TOKEN = re.compile(r"^[0-9a-f]{32,128}$")
 # Sockets handed to a TCPStore must outlive it (the store does not own them): kept here,
 # by the store's id, until `release`.
 _KEEP: dict[int, socket.socket] = {}
@@ -29,6 +39,33 @@ _SECRET = re.compile(r"^(AWS_|AZURE_|GOOGLE_APPLICATION_CREDENTIALS$|SSH_AUTH_SO
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` without the variables that hold credentials (what a trainer must never inherit)."""
     return {k: v for k, v in env.items() if not _SECRET.search(k)}
+
+
+def new_token() -> str:
+    """A fresh rendezvous secret (128 bits, hex)."""
+    return secrets.token_hex(16)
+
+
+def read_token(env: Mapping[str, str]) -> str:
+    """The rendezvous secret from `env` (TOKEN_ENV, else the file TOKEN_FILE_ENV names); a
+    ValueError in one line when there is none."""
+    token = env.get(TOKEN_ENV, "").strip()
+    if not token and env.get(TOKEN_FILE_ENV):
+        path = env[TOKEN_FILE_ENV]
+        try:
+            with open(path, encoding="ascii") as fh:
+                token = fh.read(256).strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the rendezvous token in {path}: {getattr(exc, 'strerror', None) or exc}") \
+                from None
+    if not _TOKEN.match(token):
+        raise ValueError(f"no rendezvous token ({TOKEN_ENV} or {TOKEN_FILE_ENV}): start the run with gputui")
+    return token
+
+
+def token_prefix(token: str, *parts: object) -> str:
+    """The key prefix of everything gputui keeps in a store: only the token's holder can name those keys."""
+    return "/".join(["gputui", token, *(str(p) for p in parts)]) + "/"
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -69,11 +106,15 @@ def release(store: Any) -> None:
 
 
 def worker_store(rank: int, world_size: int, timeout_s: float = 600.0) -> Any:
-    """The workers' store at MASTER_ADDR:MASTER_PORT: rank 0 serves it on that address alone.
-    (torch's env:// would listen on every interface.)"""
+    """The workers' store at MASTER_ADDR:MASTER_PORT: rank 0 serves it on that address alone
+    (torch's env:// would listen on every interface), its keys under the run's token when the
+    launcher passed one (another account reaching the port cannot name them)."""
     import torch.distributed as tdist
 
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank == 0:
-        return serve_store(host, port, timeout_s, world_size)
-    return getattr(tdist, "TCPStore")(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store = serve_store(host, port, timeout_s, world_size)
+    else:
+        store = getattr(tdist, "TCPStore")(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    token = os.environ.get(TOKEN_ENV)
+    return getattr(tdist, "PrefixStore")(token_prefix(token, "workers"), store) if token else store
