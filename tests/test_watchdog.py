@@ -92,7 +92,7 @@ class Box:
     url: str
 
     def __post_init__(self) -> None:
-        for name in ("state", "proc"):
+        for name in ("state", "proc", "home"):
             (self.root / name).mkdir()
         self.console.write_text("")
         self.set_gpu(None)
@@ -104,6 +104,11 @@ class Box:
     @property
     def off(self) -> Path:
         return self.root / "powered-off"
+
+    @property
+    def home(self) -> Path:
+        """The gputui home of the slave's runs (a node's GPUTUI_HOME: <remote_dir>/home)."""
+        return self.root / "home"
 
     def at(self, t: int) -> "Box":
         (self.root / "now").write_text(f"{t}\n")
@@ -126,13 +131,42 @@ class Box:
             smi.write_text("#!/bin/sh\n" + "".join(f"echo '{u}'\n" for u in utilisation))
             smi.chmod(0o755)
 
+    @property
+    def hung(self) -> Path:
+        return self.root / "nvidia-smi-started"
+
+    def hang_gpu(self) -> None:
+        """An nvidia-smi that never answers (a GPU off the bus, Xid 79); each start notes its pid."""
+        smi = self.root / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho $$ >> '{self.hung}'\nexec sleep 1000\n")
+        smi.chmod(0o755)
+
+    def hung_starts(self) -> list[int]:
+        return [int(p) for p in self.hung.read_text().split()] if self.hung.exists() else []
+
+    def end_hung(self) -> None:
+        for pid in self.hung_starts():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def register(self, pid: int, started: str = "") -> None:
+        """A run registered as the spot watcher does it: <home>/watched/<pid> holding its start time."""
+        (self.home / "watched").mkdir(exist_ok=True)
+        (self.home / "watched" / str(pid)).write_text(started)
+
+    def heartbeat(self, t: int) -> None:
+        (self.home / "heartbeat").write_text(f"{t}\n")
+
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTUI_WATCHDOG_")}
         env.update(GPUTUI_WATCHDOG_IMDS=self.url, GPUTUI_WATCHDOG_STATE=str(self.root / "state"),
                    GPUTUI_WATCHDOG_NOW=str(self.root / "now"), GPUTUI_WATCHDOG_CONSOLE=str(self.console),
                    GPUTUI_WATCHDOG_POWEROFF=f'echo "$GPUTUI_WATCHDOG_REASON" > "{self.off}"',
                    GPUTUI_WATCHDOG_PROC=str(self.root / "proc"),
-                   GPUTUI_WATCHDOG_NVIDIA_SMI=str(self.root / "nvidia-smi"), GPUTUI_WATCHDOG_INTERVAL="0.1")
+                   GPUTUI_WATCHDOG_NVIDIA_SMI=str(self.root / "nvidia-smi"), GPUTUI_WATCHDOG_INTERVAL="0.1",
+                   GPUTUI_WATCHDOG_HOMES=str(self.home), GPUTUI_WATCHDOG_TIMEOUT="1")
         env.update(extra)
         return env
 
@@ -148,11 +182,13 @@ class Box:
 
 
 @pytest.fixture(params=SHELLS)
-def box(request: pytest.FixtureRequest, tmp_path: Path, imds: TagImds) -> Box:
+def box(request: pytest.FixtureRequest, tmp_path: Path, imds: TagImds) -> Iterator[Box]:
     shell = request.param
     if shutil.which(shell[0]) is None:
         pytest.skip(f"no {shell[0]} here")
-    return Box(tmp_path, shell, imds.url)
+    made = Box(tmp_path, shell, imds.url)
+    yield made
+    made.end_hung()
 
 
 def wait_for(what: str, done: Any, bound_s: float = 30.0) -> None:
@@ -277,3 +313,155 @@ def test_user_data_installs_this_script_and_a_unit_and_is_valid_sh(tmp_path: Pat
     script.write_text(data)
     for shell in ("sh", "dash"):
         assert subprocess.run([shell, "-n", str(script)], capture_output=True).returncode == 0
+
+
+# -- nothing that can hang comes before the lease, the budget and the maximum life ---------------
+
+def test_a_hung_nvidia_smi_does_not_hold_back_a_passed_lease(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "1100", "gputui:idle-seconds": "600"})
+    box.hang_gpu()
+    assert box.at(1100).once() == STOPPED and box.reason() == "lease"
+    assert box.hung_starts() == []  # decided from the stored lease, nvidia-smi never asked
+
+
+def test_a_hung_nvidia_smi_is_cut_off_and_the_loop_stops_at_the_lease(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "1100", "gputui:idle-seconds": "600"})
+    box.hang_gpu()
+    box.at(1000)
+    loop = subprocess.Popen([*box.shell, str(SCRIPT)], env=box.env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        # the loop goes on past a hung nvidia-smi: a second check starts it again
+        wait_for("a second check after a hung nvidia-smi", lambda: len(box.hung_starts()) >= 2)
+        assert loop.poll() is None and box.reason() is None
+        box.at(1100)
+        assert loop.wait(timeout=30) == STOPPED
+    finally:
+        if loop.poll() is None:
+            loop.kill()
+            loop.wait()
+    assert box.reason() == "lease"
+
+
+def test_a_probe_no_signal_reaches_is_never_waited_for_nor_started_twice(box: Box, imds: TagImds) -> None:
+    """Without `timeout` the hung nvidia-smi stays (as one in uninterruptible sleep would): the check
+    gives up on it, and no second one piles up while it hangs."""
+    bin_dir = box.root / "bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            if name != "timeout" and not (bin_dir / name).exists():
+                (bin_dir / name).symlink_to(os.path.join(folder, name))
+    imds.tags.update({"gputui:lease-until": "1100", "gputui:idle-seconds": "600"})
+    box.hang_gpu()
+    assert box.at(1000).once(PATH=str(bin_dir)) == RUNNING
+    assert len(box.hung_starts()) == 1
+    assert box.at(1050).once(PATH=str(bin_dir)) == RUNNING
+    assert len(box.hung_starts()) == 1  # still hanging: not started again
+    assert box.at(1100).once(PATH=str(bin_dir)) == STOPPED and box.reason() == "lease"
+
+
+@pytest.mark.parametrize("name,reason", [("lease-until", "lease"), ("budget-until", "budget"),
+                                         ("max-until", "max_hours")])
+@pytest.mark.parametrize("text", ["", "11x0\n"])
+def test_an_empty_or_garbled_stored_limit_counts_as_passed(box: Box, name: str, reason: str, text: str) -> None:
+    if name != "lease-until":
+        (box.root / "state" / "lease-until").write_text("9000\n")
+    (box.root / "state" / name).write_text(text)
+    assert box.at(1000).once(GPUTUI_WATCHDOG_IMDS=DEAD) == STOPPED and box.reason() == reason
+
+
+def test_state_files_are_replaced_whole_never_rewritten_in_place(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "1100", "gputui:idle-seconds": "600"})
+    assert box.at(1000).once() == RUNNING
+    state = box.root / "state"
+    before = {name: (state / name).stat().st_ino for name in ("lease-until", "read-at")}
+    imds.tags["gputui:lease-until"] = "1200"
+    assert box.at(1010).once() == RUNNING
+    after = {name: (state / name).stat().st_ino for name in before}
+    assert all(after[n] != before[n] for n in before), (before, after)  # a new file renamed over the old
+    assert (state / "lease-until").read_text() == "1200\n"
+    assert not [p.name for p in state.iterdir() if p.name.endswith(".tmp")]
+
+
+# -- stalled: a run registered, no training step for stalled-seconds ------------------------------
+
+def test_a_registered_run_without_a_step_for_stalled_seconds_powers_off(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "9000", "gputui:stalled-seconds": "600"})
+    box.process(4242, "/home/u/.gputui-cluster/venv/bin/python -m gputui.cluster.node --spot-watcher")
+    box.register(4242)
+    box.heartbeat(1000)
+    assert box.at(1000).once() == RUNNING
+    box.heartbeat(1400)  # a step
+    assert box.at(1999).once() == RUNNING and box.reason() is None  # 599 s since it
+    assert box.at(2000).once() == STOPPED and box.reason() == "stalled"
+    console = box.console.read_text()
+    assert "gputui-watchdog: stopping: stalled (no training progress since 1400, now 2000)" in console
+    assert parse_stop(console) == ("stalled", 2000.0)
+
+
+def test_a_fresh_heartbeat_keeps_a_registered_run_going(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "9000", "gputui:stalled-seconds": "600"})
+    box.process(4242, "python -m gputui worker --device cuda:0")
+    box.register(4242)
+    for t in (1000, 1500, 2000, 2500, 3000):
+        box.heartbeat(t - 1)
+        assert box.at(t).once() == RUNNING
+    assert box.reason() is None
+
+
+def test_without_a_registered_run_an_old_heartbeat_stops_nothing(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "9000", "gputui:stalled-seconds": "600"})
+    box.heartbeat(100)
+    assert box.at(1000).once() == RUNNING
+    box.register(4242)  # an entry whose process is gone (no /proc entry) is no run either
+    assert box.at(5000).once() == RUNNING and box.reason() is None
+
+
+def test_a_run_that_never_steps_counts_from_when_it_was_first_seen(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "9000", "gputui:stalled-seconds": "600"})
+    box.heartbeat(100)  # an earlier run's
+    assert box.at(1000).once() == RUNNING
+    box.process(4242, "python -m gputui.cluster.node")
+    box.register(4242)
+    assert box.at(1200).once() == RUNNING  # first seen now
+    assert box.at(1799).once() == RUNNING
+    assert box.at(1800).once() == STOPPED and box.reason() == "stalled"
+
+
+def test_a_pid_reused_by_another_process_is_no_registered_run(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "9000", "gputui:stalled-seconds": "600"})
+    box.process(4242, "vim notes.txt")
+    stat = "4242 (vim) S" + "".join(f" {n}" for n in range(2, 60))  # field 22 (the start time): 20
+    (box.root / "proc" / "4242" / "stat").write_text(stat)
+    box.register(4242, started="19")  # the run registered had started at 19
+    assert box.at(1000).once() == RUNNING and box.at(5000).once() == RUNNING
+    box.register(4242, started="20")  # the same process: a run
+    assert box.at(5000).once() == RUNNING
+    assert box.at(5600).once() == STOPPED and box.reason() == "stalled"
+
+
+def test_stalled_seconds_zero_never_stops(box: Box, imds: TagImds) -> None:
+    imds.tags.update({"gputui:lease-until": "99999", "gputui:stalled-seconds": "0"})
+    box.process(4242, "python -m gputui.cluster.node")
+    box.register(4242)
+    assert box.at(1000).once() == RUNNING and box.at(90000).once() == RUNNING
+
+
+def test_the_user_data_carries_the_stalled_limit(tmp_path: Path) -> None:
+    data = user_data({"gputui:lease-until": "1700000600", "gputui:stalled-seconds": "3600"})
+    assert "GPUTUI_WATCHDOG_STALLED_SECONDS=3600" in data
+
+
+def test_a_watchdog_stop_for_stalled_is_recorded_as_self_stalled() -> None:
+    from gputui.cloud.lease import SELF_STOP_CODE, ended_how
+    from gputui.model.cloud import InstanceInfo
+
+    info = InstanceInfo("i-1", "g4dn.xlarge", "us-east-1a", "terminated", "spot", 1000.0, None,
+                        tags={"gputui:lease-until": "9000"}, state_reason=SELF_STOP_CODE)
+    console = "gputui-watchdog: stopping: stalled (no training progress since 1400, now 2000)\n"
+    ending = ended_how(None, info, 2100.0, console=lambda _id: console)
+    assert (ending.kind, ending.ended_by, ending.when) == ("self_stop", "self:stalled", 2000.0)
+    assert "no progress" in ending.why or "stalled" in ending.why

@@ -11,6 +11,9 @@ reads from the instance metadata service:
   interval of the fleet's $/h.
 - `gputui:max-until` (launch + `max_hours`) and `gputui:idle-seconds` ([cluster]
   idle_stop_minutes): the slave's own maximum life and idle stop.
+- `gputui:stalled-seconds` (`stalled_minutes`): while a run is registered on the slave, no
+  training heartbeat (gputui.cloud.heartbeat) for this long powers it off: a hung collective
+  keeps the GPU busy and the master renewing, but no step comes.
 
 The renewer runs where the master already runs something: the budget guard after `gputui
 cloud up`, `gputui run` with a cluster, and the dashboard. A slave that powered itself off
@@ -35,13 +38,15 @@ TAG_LEASE = "gputui:lease-until"
 TAG_BUDGET = "gputui:budget-until"
 TAG_MAX = "gputui:max-until"
 TAG_IDLE = "gputui:idle-seconds"
+TAG_STALLED = "gputui:stalled-seconds"
 TAG_LAUNCHED = "gputui:launched-at"
 SELF_STOP_CODE = "Client.InstanceInitiatedShutdown"  # EC2's state reason for a shutdown from inside
-REASONS = ("budget", "lease", "max_hours", "idle")  # the watchdog's order of precedence
+REASONS = ("budget", "lease", "max_hours", "stalled", "idle")  # the watchdog's order of precedence
 WHY = {"lease": "the master's lease passed", "budget": "the budget time came",
-       "max_hours": "its max_hours passed", "idle": "idle (no gputui run, GPUs under 5%)"}
-STOP_LINE = re.compile(r"gputui-watchdog: stopping: (lease|budget|idle|max_hours)\b[^\n]*?\bnow (\d+)")
-STOP_LINE_ANY = re.compile(r"gputui-watchdog: stopping: (lease|budget|idle|max_hours)\b")
+       "max_hours": "its max_hours passed", "stalled": "training made no progress for stalled_minutes",
+       "idle": "idle (no gputui run, GPUs under 5%)"}
+STOP_LINE = re.compile(r"gputui-watchdog: stopping: (lease|budget|idle|max_hours|stalled)\b[^\n]*?\bnow (\d+)")
+STOP_LINE_ANY = re.compile(r"gputui-watchdog: stopping: (lease|budget|idle|max_hours|stalled)\b")
 
 
 class Taggable(Protocol):
@@ -81,6 +86,7 @@ def launch_tags(ctx: "CloudContext", now: float, extra_rate: float) -> dict[str,
     tags = lease_tags(ctx, now, extra_rate)
     tags[TAG_LAUNCHED] = str(int(now))
     tags[TAG_IDLE] = str(int(s.idle_stop_minutes * 60))
+    tags[TAG_STALLED] = str(int(s.stalled_minutes * 60))
     if s.max_hours:
         tags[TAG_MAX] = str(int(now + s.max_hours * 3600.0))
     return tags
@@ -172,7 +178,7 @@ class Ending:
     """How an instance found ended came to end, for the ledger and the event."""
 
     kind: str  # the event: interrupted, self_stop, terminated
-    ended_by: str  # the ledger's ended_by: interrupted, self:lease (budget, idle, max_hours), external
+    ended_by: str  # the ledger's ended_by: interrupted, self:lease (budget, idle, max_hours, stalled), external
     why: str
     when: float  # when it ended, as far as is known (else the time it was noticed)
 

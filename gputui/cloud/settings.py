@@ -21,6 +21,14 @@ ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 # [cluster] idle_stop_minutes when the profile has no [cluster] table (gputui.cluster.settings' default)
 DEFAULT_IDLE_STOP_MINUTES = 30.0
+# [cluster] remote_dir's default: where gputui goes on a slave, its nodes' GPUTUI_HOME in `home/` below it
+DEFAULT_REMOTE_DIR = "~/.gputui-cluster"
+# [cloud] stalled_minutes' default: a run that makes no step for an hour is hung. Generous on purpose:
+# longer than what legitimately passes without a step (a node waiting at the rendezvous for
+# [cluster] join_timeout, 10 min by default; NCCL's 10 min collective timeout; CUDA graph capture and
+# the data set before the first step; an evaluation or a checkpoint), yet a hung collective bills an
+# hour, not until the budget or max_hours (off by default) ends it.
+DEFAULT_STALLED_MINUTES = 60.0
 AMI_RE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/\S+)$")
 
 
@@ -85,6 +93,14 @@ CLOUD_SECTION = Section(
                                "the lease; shorter than lease_minutes.", 2.0, minimum=0.1, maximum=720),
         "max_hours": Field("float", "Each slave powers itself off this many hours after launch, whatever the master "
                            "says (default: no limit).", None, minimum=0, exclusive_minimum=True),
+        "stalled_minutes": Field(
+            "float", "Each slave powers itself off (ended_by self:stalled) when a run is registered on it (a cluster "
+            "node or sweep worker) and no training step has been seen for this long: a hung collective keeps the GPU "
+            "busy and the master renewing the lease, but makes no step. Steps are seen through a heartbeat file the "
+            "node writes in its gputui home (<remote_dir>/home/heartbeat, at most once a second); for a sweep, a "
+            "worker waiting between trials makes no step either. Keep it longer than [cluster] join_timeout, the "
+            "longest a node waits at the rendezvous before its first step (0: never).",
+            DEFAULT_STALLED_MINUTES, minimum=0, maximum=10080),
     },
     required=("budget_usd",),
 )
@@ -112,8 +128,11 @@ class CloudSettings:
     lease_minutes: float = 10.0
     renew_minutes: float = 2.0
     max_hours: float | None = None
+    stalled_minutes: float = DEFAULT_STALLED_MINUTES
     # [cluster] idle_stop_minutes of the same profile: the slaves' own idle stop (0: never)
     idle_stop_minutes: float = DEFAULT_IDLE_STOP_MINUTES
+    # [cluster] remote_dir of the same profile: where the budget guard finds the slaves' runs
+    remote_dir: str = DEFAULT_REMOTE_DIR
     source: Path | None = None  # the profile file, for messages and relative paths
 
     def public_key_path(self) -> Path:
@@ -155,5 +174,13 @@ def load_cloud_settings(path: Path | None) -> CloudSettings:
     if table.get("renew_minutes", 2.0) >= table.get("lease_minutes", 10.0):
         raise Source(path, path.read_text(encoding="utf-8")).error(
             "cloud", "renew_minutes", "must be shorter than lease_minutes, or a lease could pass between renewals")
-    idle = profile.tables.get("cluster", {}).get("idle_stop_minutes", DEFAULT_IDLE_STOP_MINUTES)
-    return CloudSettings(source=path, idle_stop_minutes=float(idle), **table)
+    cluster = profile.tables.get("cluster", {})
+    stalled = table.get("stalled_minutes", DEFAULT_STALLED_MINUTES)
+    join_s = cluster.get("join_timeout", 0.0)
+    if stalled and stalled * 60 <= join_s:
+        raise Source(path, path.read_text(encoding="utf-8")).error(
+            "cloud", "stalled_minutes", f"must be longer than [cluster] join_timeout ({join_s:g} s), or a node "
+            "waiting at the rendezvous counts as stalled; raise it, or set 0 to turn the stop off")
+    idle = cluster.get("idle_stop_minutes", DEFAULT_IDLE_STOP_MINUTES)
+    remote_dir = cluster.get("remote_dir", DEFAULT_REMOTE_DIR)
+    return CloudSettings(source=path, idle_stop_minutes=float(idle), remote_dir=str(remote_dir), **table)

@@ -10,7 +10,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Mapping
 
-from gputui.cloud.lease import TAG_IDLE, TAG_LEASE, TAG_MAX
+from gputui.cloud.lease import TAG_IDLE, TAG_LEASE, TAG_MAX, TAG_STALLED
 
 INSTALL_PATH = "/usr/local/sbin/gputui-watchdog"
 DEFAULTS_PATH = "/etc/default/gputui-watchdog"
@@ -18,10 +18,10 @@ UNIT_PATH = "/etc/systemd/system/gputui-watchdog.service"
 MARKER = "gputui-watchdog"  # how the simulated cloud knows an instance runs the watchdog
 # the user data's environment names for the tags in force before the first read
 _DEFAULTS = ((TAG_LEASE, "GPUTUI_WATCHDOG_LEASE_UNTIL"), (TAG_MAX, "GPUTUI_WATCHDOG_MAX_UNTIL"),
-             (TAG_IDLE, "GPUTUI_WATCHDOG_IDLE_SECONDS"))
+             (TAG_IDLE, "GPUTUI_WATCHDOG_IDLE_SECONDS"), (TAG_STALLED, "GPUTUI_WATCHDOG_STALLED_SECONDS"))
 
 UNIT = f"""[Unit]
-Description=gputui watchdog: power off once the lease, the budget time, the idle time or the maximum life has passed
+Description=gputui watchdog: power off once the lease, the budget time, the maximum life, the stalled time or the idle time has passed
 After=network-online.target
 Wants=network-online.target
 

@@ -130,6 +130,7 @@ class Worker:
         from gputui import runs
         from gputui.errors import GputuiError
         from gputui.profiles import parse_profile
+        from gputui.cloud.heartbeat import beat
         from gputui.train.loop import Diverged, StopFlag, Trainer
         from gputui.train.meter import eval_points
 
@@ -158,6 +159,7 @@ class Worker:
             start_at = time.perf_counter()
 
             def emit(event: dict[str, Any]) -> None:
+                beat()  # training moves: the slave's watchdog ([cloud] stalled_minutes) sees it
                 out: dict[str, Any] = {"op": "event", "trial": number, "data": event}
                 if event.get("event") in ("eval", "epoch"):
                     batch = event["step"] - (event["epoch"] - 1) * spe
