@@ -9,14 +9,13 @@ each slave powers itself off when its lease passes.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from gputui import lockfile
 from gputui.cloud.lifecycle import CloudContext
 from gputui.paths import data_home, log_home, moved_once
 
@@ -35,21 +34,8 @@ def log_path(ctx: CloudContext) -> Path:
 @contextmanager
 def exclusive(ctx: CloudContext) -> Iterator[bool]:
     """Hold the cluster's guard lock for the block; yields False if another process holds it."""
-    path = _stem(ctx).with_suffix(".lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="ascii") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        fh.truncate(0)
-        fh.write(str(os.getpid()))
-        fh.flush()
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with lockfile.exclusive(_stem(ctx).with_suffix(".lock")) as lock:
+        yield lock.mine
 
 
 def running(ctx: CloudContext) -> bool:

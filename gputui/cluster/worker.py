@@ -149,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gputui.train.data import load_dataset
     from gputui.train.distributed import error_event, init_rank, leave_group
     from gputui.train.loop import Dist, StopFlag, Trainer
+    from gputui.cloud.heartbeat import beat
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -162,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if local_rank == 0:
                 checkpoint.save(self.run.checkpoint, self.state())
                 mark_launch(self.run, launch_id)
+
+        def _report_step(self, pace: Any) -> None:  # every rank, so a slave without rank 0 shows progress too
+            super()._report_step(pace)
+            beat()  # the slave's watchdog: [cloud] stalled_minutes
 
     def emit(event: dict[str, Any]) -> None:
         if rank == 0:

@@ -89,6 +89,7 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
     from gputui.sweep.slots import sweep_slots
     from gputui.sweep.space import load_spec
 
+    study: Any = None
     if resume is None:
         profile, spec = load_spec(Path(args.target))
         if args.study_name is not None:
@@ -101,6 +102,23 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
         study, profile, spec = studies.load(resume)
     if args.trials is not None:
         spec = replace(spec, trials=args.trials)
+    # One master per study: a second one would requeue the first's running trials under it (and
+    # start slots of its own). Refused before any slot starts or any trial is touched.
+    with studies.master_lock(spec.name) as lock:
+        if not lock.mine:
+            held = f" (pid {lock.holder})" if lock.holder is not None else ""
+            raise UserError(f"sweep {spec.name} is running{held}: stop it first, or wait")
+        return _master(args, profile, spec, study)
+
+
+def _master(args: argparse.Namespace, profile: Any, spec: Any, study: Any) -> int:
+    """The sweep, under its master lock: `study` is the one resumed, or None for a new one."""
+    from gputui.commands import cloud_view as view
+    from gputui.errors import UserError
+    from gputui.sweep import study as studies
+    from gputui.sweep.slots import sweep_slots
+
+    resume = spec.name if study is not None else None
     slots = sweep_slots(profile, spec, studies.sweeps_home() / spec.name / "workers", args.workers)
     if not slots:
         raise UserError(f"sweep {spec.name}: no slot to run trials on ([sweep] workers = 0 or --workers 0, and no "
@@ -113,18 +131,18 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
     view_ = make_view(args.json, spec.metric)
     scheduler = Scheduler(None, spec, profile.run, slots, view_, stop)
     requeued: list[int] = []
-    if resume is None:
-        scheduler.start_slots()  # the workers import torch and load the data while Optuna makes the study
-        try:
+    try:
+        if resume is None:
+            scheduler.start_slots()  # the workers import torch and load the data while Optuna makes the study
             study = studies.create(spec)
-        except BaseException:
-            scheduler.abort()
-            view_.close()
-            raise
-    else:
-        requeued = studies.requeue_running(study)
-        study.set_user_attr("trials", spec.trials)
-    scheduler.attach(study)
+        else:
+            requeued = studies.requeue_running(study)
+            study.set_user_attr("trials", spec.trials)
+        scheduler.attach(study)
+    except BaseException:
+        scheduler.abort()  # the slots are released (cloud slaves) whatever went wrong
+        view_.close()
+        raise
     view_.sweep("start", name=spec.name, trials=spec.trials, slots=len(slots), storage=studies.storage_url(),
                 requeued=requeued or None, resumed=resume is not None)
     # With [cloud], the fleet's slaves carry the sweep's cluster name: the run goes under it too.
@@ -147,6 +165,9 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
         view.say(f"sweep {spec.name}: {why} at {progress.done}/{spec.trials}; continue with: "
                  f"gputui sweep --resume {spec.name}")
     view.say(f"see it with: gputui sweep show {spec.name}; optuna-dashboard {studies.storage_url()}")
+    if scheduler.shutdown_errors:
+        view.say(f"sweep {spec.name}: {len(scheduler.shutdown_errors)} step(s) of its shutdown failed (above)")
+        return 1
     return 0
 
 
@@ -170,14 +191,15 @@ def _ledger(name: str, ended: str | None, cluster: str) -> None:
 
 class _stop_on_signals:
     """SIGTERM/SIGINT/SIGHUP: no new trial, running ones go back to the study for --resume.
-    A second SIGINT stops at once."""
+    A second SIGINT stops at once, but not while the slots are being closed (that releases the
+    cloud slaves, which cost money until then)."""
 
     def __init__(self, stop: threading.Event, scheduler: Any) -> None:
         self.stop, self.scheduler = stop, scheduler
         self.previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.stop.is_set() and signum == signal.SIGINT:
+        if self.stop.is_set() and signum == signal.SIGINT and not self.scheduler.shutting_down:
             raise KeyboardInterrupt
         self.stop.set()
         self.scheduler.inbox.put((-1, ""))  # wake the loop

@@ -131,17 +131,27 @@ class CloudFleet:
             if self.released is not None:
                 return self.released
             self.released = []
-        for host in self.hosts:
-            host.close()
+        errors: list[BaseException] = []
+        for host in self.hosts:  # each step runs whatever the ones before raised: the slaves cost money
+            try:
+                host.close()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the slaves are released
+                errors.append(exc)
         if self.lease is not None:
-            self.lease.stop()
-        if self.manager is None:
-            return []
-        ctx = self.manager.ctx
-        try:
-            self.released = self.manager.release(self.started, keep=self.spec.keep_slaves)
-        finally:
-            ctx.ledger.end_run(self.run_id, ctx.clock(), status)
+            try:
+                self.lease.stop()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        if self.manager is not None:
+            ctx = self.manager.ctx
+            try:
+                self.released = self.manager.release(self.started, keep=self.spec.keep_slaves)
+            finally:
+                ctx.ledger.end_run(self.run_id, ctx.clock(), status)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:  # one line for them all: the scheduler reports a failed step once
+            raise GputuiError("; ".join(str(e) or type(e).__name__ for e in errors))
         return self.released
 
 

@@ -323,9 +323,11 @@ class RemoteSlot:
         return SSHHandle(self.host, argv, env, self.sweep, self.name, before)
 
     def close(self) -> None:
-        self.host.close()  # every slot of the host closes it: the first one does
-        if self.on_close is not None:
-            self.on_close(self)
+        try:
+            self.host.close()  # every slot of the host closes it: the first one does
+        finally:  # the fleet counts its slots closed (the last one releases the slaves) whatever the host said
+            if self.on_close is not None:
+                self.on_close(self)
 
 
 def remote_gpu_count(conn: Any) -> int:

@@ -3,6 +3,12 @@
 One thread reads each worker's stdout into one queue; everything else (the study, the slots,
 the counts) belongs to the loop, so nothing is shared between threads but that queue.
 
+One master runs a study at a time (gputui.sweep.study.master_lock). Should a trial still be
+finished by someone else (optuna-dashboard, a hand-made script), telling the study about it is
+a warning, not a crash. The shutdown is a list of independent steps: every worker is ended, every
+held trial given back and every slot closed (cloud slaves released) whatever an earlier step
+raised; each failure is reported once (`shutdown_errors`).
+
 Faults: a worker that dies gives its trial back (the retry prefers another slot, and continues
 from the trial's checkpoint when one is there); a trial that fails twice (a death or an error
 each time) is told FAIL with its error. A trial whose loss is not finite fails at once (it would
@@ -42,6 +48,7 @@ class Trial:
     stopping: str | None = None  # "pruned" or "target" once a stop was sent
     reached_s: float | None = None  # min time_to_accuracy: training seconds at the target
     started: float = 0.0
+    orphaned: bool = False  # the study says it is finished already: nothing more is written to it
 
 
 @dataclass
@@ -125,6 +132,8 @@ class Scheduler:
         self._next_wid = 0
         self.progress = Progress(name=spec.name, trials=spec.trials)
         self.untold: list[tuple[Trial, str, float | None, str | None, str | None]] = []
+        self.shutdown_errors: list[str] = []  # each failed step of the shutdown, as reported
+        self.shutting_down = False  # set while the slots are released (a second Ctrl-C waits for it)
         self._started = False
         if study is not None:
             self.attach(study)
@@ -142,13 +151,12 @@ class Scheduler:
 
     def abort(self) -> None:
         """The sweep will not run after all: end the workers started, release the slots (cloud slaves)."""
+        self.shutting_down = True
+        steps: list[tuple[str, Callable[[], None]]] = []
         for worker in list(self.workers.values()):
-            worker.handle.kill()
-        for slot in self.slots:
-            try:
-                slot.close()
-            except GputuiError:
-                pass
+            steps.append((f"end worker {worker.slot.name}", worker.handle.kill))
+        steps += [(f"close slot {slot.name}", slot.close) for slot in self.slots]
+        self._run_steps(steps)
 
     # -- counts --------------------------------------------------------------------------
     def _count_existing(self) -> None:
@@ -218,6 +226,8 @@ class Scheduler:
         self.deaths[name] = self.deaths.get(name, 0) + (MAX_RESPAWNS if worker.fatal else 1)
         self.view.sweep("slot", slot=name, device=worker.slot.device, state="lost", pid=worker.handle.pid,
                         exit_code=code, message=why)
+        for warning in getattr(worker.handle, "warnings", ()):  # a remote worker's checkpoint not pulled back
+            self.view.sweep("warning", slot=name, message=warning)
         if worker.busy is not None:
             self._retry(worker.busy, f"worker {name} died ({why})", name)
         if self.deaths[name] < MAX_RESPAWNS and not self._over():
@@ -291,7 +301,7 @@ class Scheduler:
                                 "profile": trial.profile, "run_dir": str(directory), "resume": resume})
         except WorkerGone:
             pass  # its output ends next: _lost gives the trial back
-        trial.handle.set_user_attr("slot", worker.slot.name)  # after the send: the dashboard's sweep view
+        self._write(trial, lambda: trial.handle.set_user_attr("slot", worker.slot.name))  # after the send: the dashboard's sweep view
 
     def _retry(self, trial: Trial, error: str, slot: str) -> None:
         trial.errors.append(error)
@@ -313,25 +323,45 @@ class Scheduler:
         for args in told:
             self._tell_now(*args)
 
+    def _write(self, trial: Trial, write: Callable[[], Any]) -> bool:
+        """Write something of `trial` to the study; False (and a warning, once) when the study has
+        it finished already: someone else told it (another master, optuna-dashboard)."""
+        if trial.orphaned:
+            return False
+        try:
+            write()
+        except (RuntimeError, ValueError) as exc:  # optuna: UpdateFinishedTrialError, "Cannot tell a FAIL trial"
+            trial.orphaned = True
+            self.view.sweep("warning", trial=trial.number,
+                            message=f"trial {trial.number} is finished in the study already ({exc}): did another "
+                            "process tell it? This master's result for it is not recorded")
+            return False
+        return True
+
     def _tell_now(self, trial: Trial, state: str, value: float | None = None, error: str | None = None,
                   slot: str | None = None) -> None:
         from optuna.trial import TrialState
 
         p = self.progress
-        if error:
-            trial.handle.set_user_attr("error", error[:2000])
-        trial.handle.set_user_attr("attempts", trial.attempt)
-        if slot:
-            trial.handle.set_user_attr("slot", slot)
+        handle = trial.handle
+
+        def attrs() -> None:
+            if error:
+                handle.set_user_attr("error", error[:2000])
+            handle.set_user_attr("attempts", trial.attempt)
+            if slot:
+                handle.set_user_attr("slot", slot)
+
+        told: dict[str, Any] = {"values": value} if state == "complete" else {
+            "state": TrialState.PRUNED if state == "pruned" else TrialState.FAIL}
+        if not (self._write(trial, attrs) and self._write(trial, lambda: self.study.tell(handle, **told))):
+            return  # not counted: the study's own record of it stands
         if state == "complete":
-            self.study.tell(trial.handle, value)
             p.complete += 1
             self._consider_best(trial.number, value)
         elif state == "pruned":
-            self.study.tell(trial.handle, state=TrialState.PRUNED)
             p.pruned += 1
         else:
-            self.study.tell(trial.handle, state=TrialState.FAIL)
             p.failed += 1
         p.done += 1
         self.view.sweep("trial_done", trial=trial.number, state=state, value=value, attempt=trial.attempt,
@@ -365,9 +395,11 @@ class Scheduler:
                 trial.reached_s = protocol.number(event.get("elapsed_s"))
                 self._stop_trial(worker, trial, "target")
                 return
-            trial.handle.report(100.0 - acc, step=index - 1)  # the error falls as the time would
+            reported = 100.0 - acc  # the error falls as the time would
         else:
-            trial.handle.report(acc, step=index - 1)
+            reported = acc
+        if not self._write(trial, lambda: trial.handle.report(reported, step=index - 1)):
+            return
         if self.spec.pruner != "none" and trial.handle.should_prune():
             self._stop_trial(worker, trial, "pruned")
 
@@ -473,32 +505,59 @@ class Scheduler:
         return p
 
     def _shutdown(self) -> None:
-        """Workers end; trials still held go back to the study's queue (requeued) for --resume."""
-        self._flush()
+        """Workers end; trials still held go back to the study's queue (requeued) for --resume; every
+        slot is closed. Each of these is a step of its own: one that raises is reported and the
+        rest still run (a cloud slot's close releases paid slaves)."""
+        self.shutting_down = True
+        told, self.untold = self.untold, []
+        steps: list[tuple[str, Callable[[], None]]] = [
+            (f"tell the study trial {args[0].number}", lambda args=args: self._tell_now(*args)) for args in told]
         for worker in list(self.workers.values()):
-            try:
-                worker.handle.send({"op": "exit"})
-            except WorkerGone:
-                pass
-            worker.handle.kill()
-            self.spend.release(worker.wid)
+            steps.append((f"end worker {worker.slot.name}", lambda w=worker: self._end_worker(w)))
         held = self._running() + self.pending + self.asked
         for worker in self.workers.values():
             worker.busy = None
         self.pending, self.asked = [], []
+        steps += [(f"give trial {t.number} back to the study", lambda t=t: self._give_back(t)) for t in held]
+        steps += [(f"close slot {slot.name}", slot.close) for slot in self.slots]
+        self._run_steps(steps)
+
+    def _end_worker(self, worker: Worker) -> None:
+        self.spend.release(worker.wid)
+        try:
+            worker.handle.send({"op": "exit"})
+        except WorkerGone:
+            pass
+        finally:
+            worker.handle.kill()
+
+    def _give_back(self, trial: Trial) -> None:
         from optuna.trial import TrialState
 
-        for trial in held:
-            trial.handle.set_user_attr(studies.REQUEUED, True)
-            self.study.tell(trial.handle, state=TrialState.FAIL)
-            self.study.enqueue_trial(dict(trial.params), user_attrs={studies.REQUEUED_FROM: trial.number})
-            self.view.sweep("requeued", trial=trial.number, attempt=trial.attempt,
-                            message="the sweep stopped first; `gputui sweep --resume` runs it again")
-        for slot in self.slots:
+        if trial.orphaned:
+            return
+        wrote = self._write(trial, lambda: trial.handle.set_user_attr(studies.REQUEUED, True))
+        if not (wrote and self._write(trial, lambda: self.study.tell(trial.handle, state=TrialState.FAIL))):
+            return  # finished by someone else: theirs to run again
+        self.study.enqueue_trial(dict(trial.params), user_attrs={studies.REQUEUED_FROM: trial.number})
+        self.view.sweep("requeued", trial=trial.number, attempt=trial.attempt,
+                        message="the sweep stopped first; `gputui sweep --resume` runs it again")
+
+    def _run_steps(self, steps: Sequence[tuple[str, Callable[[], None]]]) -> None:
+        """Run every step whatever the ones before raised; each failure is reported once. An
+        interrupt (KeyboardInterrupt) is raised again once all the steps have run."""
+        interrupted: BaseException | None = None
+        for what, step in steps:
             try:
-                slot.close()
-            except GputuiError as exc:
-                self.view.sweep("slot", slot=slot.name, device=slot.device, state="close_failed", message=str(exc))
+                step()
+            except Exception as exc:  # noqa: BLE001 - any failure of one step is reported, the next runs
+                message = f"{what}: {str(exc) or type(exc).__name__}"
+                self.shutdown_errors.append(message)
+                self.view.sweep("shutdown_failed", step=what, message=str(exc) or type(exc).__name__)
+            except BaseException as exc:  # noqa: BLE001 - raised again below, once the slots are closed
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     def summary(self) -> dict[str, Any]:
         t = sorted(self.turnarounds_ms)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import sys
 import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from gputui.cloud.redact import holds_secrets, redact_profile, restore_profile
 from gputui.errors import UserError
+from gputui.lockfile import Lock, exclusive
 from gputui.paths import data_home, private_db
 from gputui.sweep.space import SweepSpec, parse_text
 
@@ -40,6 +42,13 @@ def storage_url(path: Path | None = None) -> str:
 
 def trial_dir(name: str, number: int) -> Path:
     return sweeps_home() / name / f"trial-{number:05d}"
+
+
+def master_lock(name: str) -> "AbstractContextManager[Lock]":
+    """The sweep's master lock (gputui.lockfile): one master runs a study at a time. Held from
+    before the slots start or a trial is touched until the last slot is closed. It lives apart
+    from the sweeps' directory, which a sweep refused for bad input never makes."""
+    return exclusive(data_home() / "locks" / f"sweep-{name}.lock")
 
 
 def _optuna() -> Any:

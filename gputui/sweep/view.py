@@ -17,7 +17,8 @@ from gputui.model.text import clean
 
 class SweepView(Protocol):
     def sweep(self, kind: str, **fields: Any) -> None:
-        """Something happened to the sweep: slot, trial, trial_done, requeued, budget, start, end."""
+        """Something happened to the sweep: slot, trial, trial_done, requeued, budget, warning, start, end,
+        shutdown_failed (a step of the shutdown that raised: the others ran)."""
         ...
 
     def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
@@ -63,6 +64,10 @@ def event_line(kind: str, fields: dict[str, Any], metric: str) -> str | None:
         return f"trial {fields.get('trial')} goes back to the queue (attempt {fields.get('attempt')}): {fields.get('message')}"
     if kind == "slot" and fields.get("state") in ("lost", "failed", "close_failed"):
         return f"slot {fields.get('slot')} {fields.get('state')}: {fields.get('message')}"
+    if kind == "warning":
+        return f"warning: {fields.get('message')}"
+    if kind == "shutdown_failed":
+        return f"shutdown: could not {fields.get('step')}: {fields.get('message')}"
     if kind == "budget":
         return f"budget: {fields.get('message')} ({units.money(fields.get('spent_usd'))} of {units.money(fields.get('budget_usd'))})"
     if kind == "start":
