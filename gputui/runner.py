@@ -64,6 +64,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
             raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc, --cuda-graph)")
         cfg = load_profile(run.profile).run.merged(req.overrides).resolve()
+        validate(cfg)
         done_epochs = completed_epochs(run)
         if done_epochs is not None and cfg.epochs <= done_epochs:
             raise AlreadyComplete(f"run {_ref(run)} is already complete ({done_epochs} epochs); resume with "
@@ -74,8 +75,9 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     base = load_profile(profile_path).run if profile_path is not None else RunSettings()
     cfg = base.merged(req.overrides).resolve()
     check(cfg)
-    _check_cluster(profile_path)
-    run = runs.create(req.run_dir)
+    if _check_cluster(profile_path) is None:  # a cluster's nodes check their own devices and data
+        validate(cfg)
+    run = runs.create(req.run_dir)  # only now: a run that fails a check leaves no directory behind
     try:
         run.profile.write_text(cfg.to_toml(), encoding="utf-8")
     except OSError as exc:
@@ -84,10 +86,11 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     return run, cfg, False
 
 
-def _check_cluster(profile_path: Path | None) -> None:
-    """A cluster the master cannot train in is refused before its run directory exists."""
+def _check_cluster(profile_path: Path | None) -> Any:
+    """A cluster the master cannot train in is refused before its run directory exists; the
+    profile's cluster settings (None: a local run)."""
     if profile_path is None:
-        return
+        return None
     from gputui.cluster.settings import cluster_settings
     from gputui.profiles import load_profile
 
@@ -95,6 +98,33 @@ def _check_cluster(profile_path: Path | None) -> None:
     refused = settings.master_unreachable() if settings is not None else None
     if refused:
         raise UserError(refused)
+    return settings
+
+
+def validate(cfg: RunConfig) -> None:
+    """What a local run needs from this machine, checked before its run directory exists: the
+    data directory's four IDX files and the device asked for (torch is imported only to check a
+    device other than auto or cpu)."""
+    if cfg.data:
+        from gputui.train.data import STEMS, find_file
+
+        directory = Path(cfg.data)
+        if not directory.is_dir():
+            raise UserError(f"{directory}: no such data directory (--data takes a directory of IDX files)")
+        for role in STEMS:
+            find_file(directory, role)
+    if cfg.device not in ("auto", "cpu"):
+        from gputui.train.devices import resolve_device
+
+        resolve_device(cfg.device)
+    if cfg.gpus and cfg.device != "cpu" and cfg.strategy in ("dataparallel", "ddp"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        bad = [g for g in cfg.gpus if g >= count]
+        if bad and count:
+            raise UserError(f"--gpus {','.join(map(str, cfg.gpus))}: only {count} CUDA device(s) visible "
+                            f"(0..{count - 1})")
 
 
 def check(cfg: RunConfig) -> None:
@@ -227,6 +257,36 @@ def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> N
         say(f"gputui: warning: run not recorded in the cost ledger ({exc})")
 
 
+# What gputui writes in a run directory before the run's start event.
+BEFORE_START = (runs.PROFILE, runs.EVENTS, runs.PIDFILE, "launcher.log")
+
+
+def _discard_unstarted(run: runs.RunDir, say: Callable[[str], None]) -> None:
+    """A new run that failed a check before it started (a DDP rank's device or data, found only
+    there) leaves no directory and no ledger line behind: its error has said everything. What
+    gputui wrote there goes, and the directory with it unless something else is in it (--run-dir
+    may be a folder of the user's)."""
+    if any(isinstance(e, dict) and e.get("event") == "start" for e in runs.read_events(run.events)):
+        return
+    try:
+        for name in BEFORE_START:
+            (run.path / name).unlink(missing_ok=True)
+        run.path.rmdir()
+    except OSError:
+        pass  # something else is in it: it stays
+    import sqlite3
+
+    from gputui.cloud.ledger import Ledger
+
+    try:
+        ledger = Ledger.existing()
+        if ledger is not None:
+            with ledger:
+                ledger.forget_run(run.run_id)
+    except (GputuiError, sqlite3.Error, OSError) as exc:
+        say(f"gputui: warning: run {run.run_id} left in the cost ledger ({exc})")
+
+
 def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> int:
     """Prepare and execute a run; return the process exit code (0 done or interrupted)."""
     try:
@@ -242,12 +302,17 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
         _record_run(run_dir.run_id, None, say)
     outcome = "failed"
     try:
-        outcome = execute(run_dir, cfg, resume, view)
-    finally:
-        view.close()
-        if local:
-            _record_run(run_dir.run_id, outcome, say)
-        runs.clear_pid(run_dir, os.getpid())
+        try:
+            outcome = execute(run_dir, cfg, resume, view)
+        finally:
+            view.close()
+            if local:
+                _record_run(run_dir.run_id, outcome, say)
+            runs.clear_pid(run_dir, os.getpid())
+    except UserError:
+        if local and not resume:
+            _discard_unstarted(run_dir, say)
+        raise
     ref = shlex.quote(_ref(run_dir))  # the hints are commands to paste
     if outcome == "interrupted":
         say(f"interrupted: checkpoint saved in {run_dir.path}; resume with: gputui run --resume {ref}")

@@ -87,6 +87,23 @@ class BilledSpendLine(SpendLine):
         return self.usd / hours if hours > 0 else None
 
 
+@dataclass(frozen=True)
+class RunSpendLine(BilledSpendLine):
+    """A run's report row: its time is the sum of its segments (a resumed run was not running
+    between them), and its mean $/h is taken over that time."""
+
+    active_s: float = 0.0
+
+    def duration(self, now: float) -> float:
+        return self.active_s
+
+    def usd_per_hour(self, now: float) -> float | None:
+        end = self.end if self.end is not None else now
+        beyond = max(0.0, self.billed_until - end) if self.billed_until is not None else 0.0
+        hours = (self.active_s + beyond) / 3600.0
+        return self.usd / hours if hours > 0 else None
+
+
 def report(ledger: Ledger, now: float, since: float | None = None) -> tuple[list[SpendLine], list[SpendLine]]:
     """(clusters, runs) with their estimated cost inside [since, now] (what the minimum bills past
     now is counted: it is owed)."""
@@ -117,16 +134,25 @@ def report(ledger: Ledger, now: float, since: float | None = None) -> tuple[list
                         billed_until=c["billed"] if math.isfinite(c["billed"]) else None)
         for name, c in sorted(clusters.items())]
     run_lines: list[SpendLine] = []
+    segments = ledger.segments(since)
     for run_id, cluster, started, ended, _status in ledger.runs(since):
-        span = (max(started, window[0]), min(ended if ended is not None else now, now))
         mine = [r for r in instances if r.cluster == cluster]
-        usd = sum(instance_cost(r, now, since=span[0], until=ended) for r in mine)
-        billed = [min(billed_span(r, now)[1], ended if ended is not None else math.inf) for r in mine
-                  if instance_cost(r, now, since=span[0], until=ended) > 0]
-        kwh = sum(k * _share(s, e, span) for _sub, _c, rid, s, e, k, _rate in energy if rid == run_id)
-        usd += sum(k * _share(s, e, span) * rate for _sub, _c, rid, s, e, k, rate in energy if rid == run_id)
-        run_lines.append(BilledSpendLine(run_id, cluster, span[0], ended, usd, energy_kwh=kwh,
-                                         billed_until=max(billed) if billed else None))
+        usd, active, billed = 0.0, 0.0, []
+        spans = []
+        for seg_start, seg_end in segments.get(run_id) or [(started, ended)]:  # each start or resume
+            span = (max(seg_start, window[0]), min(seg_end if seg_end is not None else now, now))
+            spans.append(span)
+            active += max(0.0, span[1] - span[0])
+            for r in mine:
+                part = instance_cost(r, now, since=span[0], until=seg_end)
+                usd += part
+                if part > 0:
+                    billed.append(min(billed_span(r, now)[1], seg_end if seg_end is not None else math.inf))
+        hull = (min(s for s, _e in spans), max(e for _s, e in spans))  # a run's energy lines are its own
+        kwh = sum(k * _share(s, e, hull) for _sub, _c, rid, s, e, k, _rate in energy if rid == run_id)
+        usd += sum(k * _share(s, e, hull) * rate for _sub, _c, rid, s, e, k, rate in energy if rid == run_id)
+        run_lines.append(RunSpendLine(run_id, cluster, hull[0], ended, usd, energy_kwh=kwh,
+                                      billed_until=max(billed) if billed else None, active_s=active))
     return cluster_lines, run_lines
 
 

@@ -5,6 +5,8 @@ local GPU energy lines and cloud events. Every price line names where its rate c
 (`price_source`: "api 2026-11-25", "table 2024-06-01", "profile", "max_price", ...; NULL in
 lines written before schema 2); every energy line how it was measured (`method`: "counter",
 the GPU's energy counter, or "trapezoid", power samples integrated; NULL before schema 3).
+A run's time is the sum of its segments (one per start or resume, schema 4), not the span
+from its first start to its last end, nor from its last start (what `runs.started` held).
 Every write is one transaction, so a process killed
 mid-write leaves the previous state intact. Safe to share between threads.
 """
@@ -23,7 +25,7 @@ from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord, PricePoint
 from gputui.paths import data_home, private_db
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE instances (
     id TEXT PRIMARY KEY, provider TEXT NOT NULL, region TEXT NOT NULL, cluster TEXT NOT NULL, owner TEXT,
@@ -37,6 +39,10 @@ CREATE TABLE cost_lines (
 );
 CREATE INDEX cost_lines_subject ON cost_lines (subject, start);
 CREATE TABLE runs (id TEXT PRIMARY KEY, cluster TEXT NOT NULL, started REAL NOT NULL, ended REAL, status TEXT);
+CREATE TABLE IF NOT EXISTS segments (
+    id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, started REAL NOT NULL, ended REAL, status TEXT
+);
+CREATE INDEX IF NOT EXISTS segments_run ON segments (run_id, started);
 CREATE TABLE events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, kind TEXT NOT NULL, instance_id TEXT, cluster TEXT, message TEXT NOT NULL
 );
@@ -47,7 +53,17 @@ CREATE TABLE events (
 MIGRATIONS: dict[int, tuple[tuple[str, str, str], ...]] = {
     1: (("instances", "price_source", "TEXT"), ("cost_lines", "price_source", "TEXT")),
     2: (("cost_lines", "method", "TEXT"),),
+    3: (),  # the segments table: see SEGMENTS_MIGRATION
 }
+# Schema 4: a run's segments. Before it, a run's row held its last segment alone (a resume
+# overwrote `started`): that segment is all there is to keep, so it becomes the run's one segment.
+SEGMENTS_MIGRATION = (
+    "CREATE TABLE IF NOT EXISTS segments (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, started REAL NOT NULL, "
+    "ended REAL, status TEXT)",
+    "CREATE INDEX IF NOT EXISTS segments_run ON segments (run_id, started)",
+    "INSERT INTO segments (run_id, started, ended, status) SELECT id, started, ended, status FROM runs "
+    "WHERE id NOT IN (SELECT run_id FROM segments)",
+)
 INSTANCE_COLUMNS = ("id, provider, region, cluster, owner, type, zone, lifecycle, hourly_price, launched, "
                     "terminated, state, ended_by, address")
 
@@ -141,6 +157,9 @@ class Ledger:
                 for table, column, declaration in MIGRATIONS[step]:
                     if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
                         db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                if step == 3:
+                    for statement in SEGMENTS_MIGRATION:
+                        db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def schema_version(self) -> int:
@@ -244,13 +263,38 @@ class Ledger:
 
     # runs and energy ---------------------------------------------------------------
     def start_run(self, run_id: str, cluster: str, started: float) -> None:
+        """A run starts, or resumes: a new segment. The run keeps its first start; a segment a
+        killed process left open ends where this one starts (its real end is not known)."""
         with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO runs (id, cluster, started, status) VALUES (?,?,?, 'running')",
+            db.execute("INSERT INTO runs (id, cluster, started, status) VALUES (?,?,?, 'running') ON CONFLICT (id) "
+                       "DO UPDATE SET cluster = excluded.cluster, ended = NULL, status = 'running'",
                        (run_id, cluster, started))
+            db.execute("UPDATE segments SET ended = MAX(started, ?), status = 'lost' WHERE run_id = ? AND ended IS NULL",
+                       (started, run_id))
+            db.execute("INSERT INTO segments (run_id, started, status) VALUES (?,?, 'running')", (run_id, started))
 
     def end_run(self, run_id: str, ended: float, status: str) -> None:
+        """The run's open segment ends (done, interrupted, failed, ...)."""
         with self._write() as db:
             db.execute("UPDATE runs SET ended = ?, status = ? WHERE id = ?", (ended, status, run_id))
+            db.execute("UPDATE segments SET ended = ?, status = ? WHERE run_id = ? AND ended IS NULL",
+                       (ended, status, run_id))
+
+    def forget_run(self, run_id: str) -> None:
+        """Remove a run that never started (it failed a check first) with its segments."""
+        with self._write() as db:
+            db.execute("DELETE FROM segments WHERE run_id = ?", (run_id,))
+            db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+    def segments(self, since: float | None = None) -> dict[str, list[tuple[float, float | None]]]:
+        """{run id: its (started, ended) segments in order (ended None: still going)}, of the
+        segments going at `since` or later."""
+        cutoff = since if since is not None else float("-inf")
+        out: dict[str, list[tuple[float, float | None]]] = {}
+        for run_id, started, ended in self._read("SELECT run_id, started, ended FROM segments "
+                                                 "WHERE ended IS NULL OR ended >= ? ORDER BY started, id", (cutoff,)):
+            out.setdefault(run_id, []).append((started, ended))
+        return out
 
     def runs(self, since: float | None = None) -> list[tuple[str, str, float, float | None, str]]:
         """(run id, cluster, started, ended, status) of runs still going at `since` or later."""
