@@ -1,5 +1,6 @@
 """The process table: every compute process of every host's GPUs, sorted and filtered, and
-signals sent to one of them (locally with `os.kill`, remotely with `kill` over the host's
+signals sent to one of them (locally through a pidfd, or `os.kill`, to the process the snapshot
+saw and no other: its start time is compared; remotely with `kill` over the host's
 SSH connection, as that host's user).
 
 Pure data and the two ways of signalling; no UI. A refusal (another user's process, a
@@ -112,31 +113,70 @@ def _who(process: GpuProcess | None, pid: int) -> str:
     return f"pid {pid} ({command})" if command else f"pid {pid}"
 
 
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (Linux 5.3+): a signal sent through it reaches that process or none,
+    never one that took its pid later. None where there is none to be had (os.kill is used)."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None or not hasattr(signal, "pidfd_send_signal"):
+        return None
+    try:
+        return int(opener(pid))
+    except ProcessLookupError:
+        raise
+    except OSError:  # ENOSYS (an old kernel), a sandbox that forbids it
+        return None
+
+
+def _same_process(pid: int, process: GpuProcess | None, created: float | None) -> bool:
+    """Whether the live `pid` (started at `created`) is the snapshot's process, as far as can be told."""
+    if process is None or process.started is None:
+        return True  # the snapshot cannot tell (no start time read): the owner check stands alone
+    return created is not None and abs(created - process.started) < 0.01
+
+
 def kill_local(pid: int, name: str, process: GpuProcess | None = None, host: str = "local",
                me: str | None = None) -> KillResult:
-    """Send SIG`name` to a local process of this user's (os.kill)."""
+    """Send SIG`name` to a local process of this user's, and only to the process the snapshot saw:
+    a pid reused since (another start time) is refused. The signal goes through a pidfd opened
+    before the check where the kernel has them (os.kill otherwise)."""
     sig = signal_name(name)
     me = me or getpass.getuser()
     who = _who(process, pid)
+    gone = KillResult(False, f"kill refused: {who} on {host} has already exited")
     try:
-        import psutil
-
-        owner = psutil.Process(pid).username()
-    except Exception as exc:  # noqa: BLE001 - gone, or unreadable
-        if type(exc).__name__ == "NoSuchProcess":
-            return KillResult(False, f"kill refused: {who} on {host} has already exited")
-        owner = None
-    if owner is not None and owner != me:
-        return KillResult(False, f"kill refused: {who} on {host} belongs to {clean(owner)}, not {me}")
-    try:
-        os.kill(pid, SIGNALS[sig])
+        fd = _pidfd(pid)
     except ProcessLookupError:
-        return KillResult(False, f"kill refused: {who} on {host} has already exited")
-    except PermissionError:
-        return KillResult(False, f"kill refused: {who} on {host}: permission denied")
-    except OSError as exc:
-        return KillResult(False, f"kill failed: {who} on {host}: {exc.strerror or exc}")
-    return KillResult(True, f"SIG{sig} sent to {who} on {host}")
+        return gone
+    try:
+        try:
+            import psutil
+
+            live = psutil.Process(pid)
+            owner, created = live.username(), live.create_time()
+        except Exception as exc:  # noqa: BLE001 - gone, or unreadable
+            if type(exc).__name__ == "NoSuchProcess":
+                return gone
+            owner, created = None, None
+        if not _same_process(pid, process, created):
+            return KillResult(False, f"kill refused: process {pid} has ended (its PID now belongs to another "
+                                     "process): nothing sent")
+        if owner is not None and owner != me:
+            return KillResult(False, f"kill refused: {who} on {host} belongs to {clean(owner)}, not {me}")
+        try:
+            if fd is not None:
+                signal.pidfd_send_signal(fd, SIGNALS[sig])
+            else:
+                os.kill(pid, SIGNALS[sig])
+        except ProcessLookupError:
+            return gone
+        except PermissionError:
+            return KillResult(False, f"kill refused: {who} on {host}: permission denied")
+        except OSError as exc:
+            return KillResult(False, f"kill failed: {who} on {host}: {exc.strerror or exc}")
+        return KillResult(True, f"SIG{sig} sent to {who} on {host}")
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def remote_kill_command(pid: int, name: str) -> str:

@@ -20,6 +20,7 @@ from gputui.ui.hosts_panel import HostsView
 from gputui.ui.processes_panel import ProcessScreen, ProcessTable
 from gputui.ui.screens import ChoiceScreen
 from tests.dashboard_support import drive, make_backend, screen_text, wait_for
+from tests.signal_counter import signal_counter, signals_got
 
 
 def log_text(app: Any) -> str:
@@ -200,6 +201,36 @@ def test_sigterm_from_the_table_reaches_a_real_local_process() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+class ReusedPidNvml(LocalNvml):
+    """LocalNvml whose snapshot saw another process under the pid: one that started a minute
+    before the live one did (as if the snapshot's process ended and its pid was given again)."""
+
+    def poll(self) -> list[HostSnapshot]:
+        import psutil
+
+        me = __import__("getpass").getuser()
+        started = psutil.Process(self.pid).create_time() - 60.0
+        return [HostSnapshot("local", HostState.OK, time.time(), kind="local",
+                             gpus=(gpu(0, processes=[GpuProcess(self.pid, "python train.py", me, 700.0,
+                                                                started=started)]),))]
+
+
+def test_a_kill_confirmed_after_the_pid_was_reused_sends_nothing() -> None:
+    with signal_counter() as child:
+        pid = child.proc.pid
+        app = create_app(make_backend(source=Telemetry(ReusedPidNvml(pid), None)))
+
+        async def scenario(pilot: Any) -> None:
+            await wait_for(pilot, lambda: app.hosts_polls >= 1)
+            await pilot.press("P", "T", "s")
+            refused = f"process {pid} has ended (its PID now belongs to another process): nothing sent"
+            await wait_for(pilot, lambda: refused in log_text(app), what="the kill's refusal")
+            await pilot.press("escape", "q")
+
+        drive(app, scenario)
+        assert signals_got(child) == 0
 
 
 RECORDER = "import sys; open(sys.argv[1], 'a').write(sys.stdin.read().strip() + '\\n')"

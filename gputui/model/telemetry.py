@@ -81,6 +81,7 @@ class GpuProcess:
     cpu_pct: float | None = None  # of one core: 100 = one core busy
     rss_mib: float | None = None  # resident host memory
     running_s: float | None = None  # since the process started
+    started: float | None = None  # when it started (epoch s, psutil's create_time; local only): a reused pid differs
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -385,6 +385,7 @@ class NvmlSource:
             cpu_pct=seen.cpu_pct,
             rss_mib=seen.rss_mib,
             running_s=seen.running_s,
+            started=seen.started,
         )
 
 
@@ -405,6 +406,7 @@ class _Seen:
     cpu_pct: float | None = None
     rss_mib: float | None = None
     running_s: float | None = None
+    started: float | None = None  # psutil's create_time
 
 
 class HostProcesses:
@@ -451,7 +453,7 @@ class HostProcesses:
             if wall >= MIN_CPU_WINDOW_S or pid not in self._known:  # else keep the older base
                 known.base_cpu, known.base_at = cpu, now
             self._known[pid] = known
-            return _Seen(known.user, known.command, cpu_pct, rss, max(0.0, now - created))
+            return _Seen(known.user, known.command, cpu_pct, rss, max(0.0, now - created), created)
         except Exception:  # noqa: BLE001 - gone, or another user's: n/a
             self._known.pop(pid, None)
             return _Seen()
