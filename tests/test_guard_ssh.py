@@ -1,6 +1,7 @@
 """The budget guard's checkpoint over real OpenSSH to a loopback sshd ("slave" 127.0.0.2).
 
-A real `gputui run` trains on the slave and is registered with its watcher; the guard, on a
+A real `gputui run` trains on the slave and is registered with its spot watcher as a cluster node
+registers (GPUTUI_HOME=<remote_dir>/home); the guard, on a
 simulated cloud whose slave record points at the sshd, trips on a tiny budget and reaches
 the slave with the `ssh` client the way it would reach an EC2 slave: the private half of
 [cloud] public_key (here under a non-default file name, so ssh would not find it alone),
@@ -13,25 +14,26 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from gputui.cloud import watcher
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, wait_running
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.remote import cloud_checkpointer, private_key, ssh_checkpointer, ssh_command
 from gputui.cloud.settings import CloudSettings
 from gputui.cloud.sim import SimProvider, SimScript
+from gputui.cluster.bootstrap import Bootstrapped
 from gputui.cluster.manager import default_host_spec
 from gputui.cluster.settings import cluster_settings
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceInfo, InstanceRecord
 from gputui.profiles import parse_profile
 
-from .cluster_fixture import PYTHON_DIR, ClusterNodes, cluster_nodes, trust  # noqa: F401 - fixture
+from .cluster_fixture import ClusterNodes, cluster_nodes, trust  # noqa: F401 - fixture
 from .proc_support import Child
 from .sshd_fixture import Sshd
 from .test_cloud_budget import Clock
@@ -70,30 +72,48 @@ def guard_on(node: Sshd, public_key: Path, tmp_path: Path) -> tuple[BudgetGuard,
     return BudgetGuard(ctx, 60.0, cloud_checkpointer(settings, port=node.port), grace_s=0.0), ctx, record.instance_id
 
 
-def node_data_home(node: Sshd) -> Path:
-    """gputui's data directory as a login on the node sees it (its HOME, no GPUTUI_HOME)."""
+def node_boot(node: Sshd) -> Bootstrapped:
+    """The node as `gputui cluster` bootstraps it at [cluster] remote_dir's default: a venv whose python
+    has gputui (here: this interpreter) and the home/ its nodes and sweep workers run with as GPUTUI_HOME."""
     assert node.home is not None
-    env = {"HOME": str(node.home), "PATH": f"{PYTHON_DIR}:/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", "from gputui.paths import data_home; print(data_home())"],
-                         capture_output=True, text=True, env=env, timeout=60, check=True)
-    return Path(out.stdout.strip())
+    boot = Bootstrapped("node0", str(node.home / ".gputui-cluster"),
+                        "python3", "", str(node.home / ".gputui-cluster" / "data"), False)
+    venv_python = Path(boot.venv_python)
+    venv_python.parent.mkdir(parents=True, exist_ok=True)
+    venv_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    venv_python.chmod(0o755)
+    Path(boot.home).mkdir(parents=True, exist_ok=True)
+    return boot
 
 
 @pytest.fixture
-def slave_run(cluster_nodes: ClusterNodes, small_data: Path, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Sshd, Child, Path]]:
-    """A node, and a real training run on it registered with the node's watcher (after its first checkpoint)."""
+def slave_run(cluster_nodes: ClusterNodes, small_data: Path, tmp_path: Path) -> Iterator[tuple[Sshd, Child, Path]]:
+    """A node, and a real training run on it registered the way a cluster node registers its torchrun
+    (gputui.cluster.node --spot-watcher): the spot watcher, run by the node's venv python with
+    GPUTUI_HOME=<remote_dir>/home, after the run's first checkpoint."""
     node = cluster_nodes.node(0)
+    boot = node_boot(node)
     run_dir = tmp_path / "slave-run"
     with Child([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs", "1000",
                 "--batch-size", "64", "--threads", "1", "--run-dir", str(run_dir)],
                env={**os.environ, "GPUTUI_HOME": str(tmp_path / "slave-home")}, name="gputui run on the slave") as run:
         # After an epoch a checkpoint exists and its signal handlers are in place.
         run.wait_for(lambda e: e["event"] == "epoch", 120, "an 'epoch' event")
-        with monkeypatch.context() as mp:
-            mp.setenv("GPUTUI_HOME", str(node_data_home(node)))
-            entry = watcher.register(run.proc.pid)
-        yield node, run, entry
+        env = {**os.environ, "HOME": str(node.home), "GPUTUI_HOME": boot.home}
+        spot = subprocess.Popen([boot.venv_python, "-m", "gputui.cloud.watcher", "--pid", str(run.proc.pid),
+                                 "--imds", "http://127.0.0.1:9"], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            entry = Path(boot.home) / "watched" / str(run.proc.pid)
+            deadline = time.monotonic() + 60
+            while not entry.exists():
+                assert spot.poll() is None, f"the spot watcher exited ({spot.returncode}) before registering the run"
+                assert time.monotonic() < deadline, f"gave up after 60 s waiting for the spot watcher to write {entry}"
+                time.sleep(0.05)
+            yield node, run, entry
+        finally:
+            spot.kill()
+            spot.wait()
 
 
 def test_the_guard_checkpoints_a_real_run_over_ssh_with_the_profiles_key(

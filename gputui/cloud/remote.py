@@ -21,19 +21,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gputui.cloud.budget import Checkpointer
+from gputui.cloud.settings import DEFAULT_REMOTE_DIR
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
 
 if TYPE_CHECKING:
     from gputui.cloud.settings import CloudSettings
 
-# The slave's gputui is in the cluster bootstrap's venv (default remote_dir) or, on a slave
-# set up by hand, importable by its python3: use the first that has it.
-REMOTE_CHECKPOINT = (
-    "for py in ~/.gputui-cluster/venv/bin/python python3; do "
-    "if \"$py\" -c 'import gputui' 2>/dev/null; then exec \"$py\" -m gputui.cloud.watcher --checkpoint-all; fi; "
-    "done; echo 'gputui is not installed on this slave' >&2; exit 3"
-)
+def remote_checkpoint(remote_dir: str = DEFAULT_REMOTE_DIR) -> str:
+    """The shell the guard runs on a slave: `--checkpoint-all` in every gputui home runs register in.
+
+    Cluster nodes and sweep workers run with GPUTUI_HOME=<remote_dir>/home (Bootstrapped.home),
+    where their spot watcher registers them: each such home (`remote_dir`'s, and the default
+    one's when they differ) is asked with its venv's python (else the first python3 with gputui).
+    Then the login's own data home, where a watcher started by hand on a slave set up by hand
+    registers (unless that is one of the homes asked: a run is asked once). Exit 3 when no gputui
+    is found at all; else the last failure's status, or 0."""
+    from gputui.cluster.sshnode import quote_path
+
+    bases = list(dict.fromkeys(d.rstrip("/") or "/" for d in (remote_dir, DEFAULT_REMOTE_DIR)))
+    words = " ".join(quote_path(d) for d in bases)
+    pythons = " ".join(f"{quote_path(d)}/venv/bin/python" for d in bases) + " python3"
+    return (
+        "rc=3; asked=; gputui_py() { for py in " + pythons + "; do "
+        "if \"$py\" -c 'import gputui' 2>/dev/null; then echo \"$py\"; return 0; fi; done; return 1; }; "
+        "ask() { \"$@\" -m gputui.cloud.watcher --checkpoint-all; r=$?; if [ $r -ne 0 ]; then rc=$r; "
+        "elif [ $rc -eq 3 ]; then rc=0; fi; }; "
+        "for base in " + words + "; do [ -d \"$base/home\" ] || continue; py=\"$base/venv/bin/python\"; "
+        "[ -x \"$py\" ] || py=$(gputui_py) || continue; asked=\"$asked|$base/home|\"; "
+        "ask env GPUTUI_HOME=\"$base/home\" \"$py\"; done; "
+        "case \"$asked\" in *\"|${GPUTUI_HOME:--}|\"*) ;; *) if py=$(gputui_py); then ask \"$py\"; fi ;; esac; "
+        "[ $rc -ne 3 ] || echo 'gputui is not installed on this slave' >&2; exit $rc"
+    )
+
+
+# the command for [cluster] remote_dir's default
+REMOTE_CHECKPOINT = remote_checkpoint()
 
 
 def private_key(settings: "CloudSettings") -> Path | None:
@@ -80,11 +103,13 @@ def _check_jump(proxy_jump: str) -> str:
 
 def ssh_command(ssh_user: str, address: str, identity: Path | None = None, port: int = 22,
                 known_hosts: Sequence[Path] | None = None, ssh: str | None = None,
-                proxy_jump: str | None = None, config: Path | None = None) -> list[str]:
+                proxy_jump: str | None = None, config: Path | None = None,
+                remote_dir: str = DEFAULT_REMOTE_DIR) -> list[str]:
     """The ssh invocation that SIGTERMs every watched run on one slave (`GPUTUI_SSH` picks the client).
 
     `config`: a file holding `policy_config()` (what the jump hosts are checked with); `proxy_jump`:
-    OpenSSH's ProxyJump ("user@bastion:port", comma-separated for a chain)."""
+    OpenSSH's ProxyJump ("user@bastion:port", comma-separated for a chain); `remote_dir`: [cluster]
+    remote_dir, whose home/ the slave's nodes and sweep workers register in."""
     files = list(known_hosts) if known_hosts is not None else known_hosts_files()
     command = [ssh or os.environ.get("GPUTUI_SSH", "ssh")]
     if config is not None:
@@ -98,7 +123,7 @@ def ssh_command(ssh_user: str, address: str, identity: Path | None = None, port:
     if proxy_jump:
         command += ["-J", _check_jump(proxy_jump)]
     # -l USER -- HOST: neither can be read as an ssh option, whatever the profile says
-    return command + ["-l", ssh_user, "--", address, REMOTE_CHECKPOINT]
+    return command + ["-l", ssh_user, "--", address, remote_checkpoint(remote_dir)]
 
 
 _SHELL_SAFE = re.compile(r"^[A-Za-z0-9_./\-]+$")
@@ -159,11 +184,13 @@ def _reason(stderr: str, ssh_user: str, address: str, port: int, identity: Path 
 
 
 def ssh_checkpointer(ssh_user: str, timeout_s: float = 20.0, identity: Path | None = None, port: int = 22,
-                     known_hosts: Sequence[Path] | None = None, proxy_jump: str | None = None) -> Checkpointer:
+                     known_hosts: Sequence[Path] | None = None, proxy_jump: str | None = None,
+                     remote_dir: str = DEFAULT_REMOTE_DIR) -> Checkpointer:
     """A Checkpointer that reaches all slaves in parallel; raises once if any did not answer.
 
     `port`: slaves listen on 22; the tests point it at a loopback sshd. `proxy_jump`: the
-    bastion(s) in front of them (default: ~/.ssh/config's ProxyJump, if any).
+    bastion(s) in front of them (default: ~/.ssh/config's ProxyJump, if any). `remote_dir`:
+    [cluster] remote_dir (the runs register in its home/).
     """
     if proxy_jump:
         _check_jump(proxy_jump)
@@ -176,7 +203,8 @@ def ssh_checkpointer(ssh_user: str, timeout_s: float = 20.0, identity: Path | No
         except OSError as exc:
             return f"{record.instance_id}: cannot write a temporary ssh config: {exc}"
         try:
-            command = ssh_command(ssh_user, record.address, identity, port, known_hosts, proxy_jump=proxy_jump, config=config)
+            command = ssh_command(ssh_user, record.address, identity, port, known_hosts, proxy_jump=proxy_jump,
+                                  config=config, remote_dir=remote_dir)
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{record.instance_id}: {exc}"
@@ -197,7 +225,8 @@ def ssh_checkpointer(ssh_user: str, timeout_s: float = 20.0, identity: Path | No
 
 
 def cloud_checkpointer(settings: "CloudSettings", timeout_s: float = 20.0, port: int = 22) -> Checkpointer:
-    """The Checkpointer for a `[cloud]` table's slaves: its ssh_user, the private half of its public_key
-    and its proxy_jump (when [cloud] has one)."""
+    """The Checkpointer for a `[cloud]` table's slaves: its ssh_user, the private half of its public_key,
+    its proxy_jump (when [cloud] has one) and the profile's [cluster] remote_dir."""
     return ssh_checkpointer(settings.ssh_user, timeout_s, private_key(settings), port,
-                            proxy_jump=getattr(settings, "proxy_jump", None))
+                            proxy_jump=getattr(settings, "proxy_jump", None),
+                            remote_dir=getattr(settings, "remote_dir", DEFAULT_REMOTE_DIR))
