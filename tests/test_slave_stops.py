@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,21 @@ def test_a_heartbeat_that_cannot_be_written_never_stops_training(tmp_path: Path)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     Heartbeat(blocker / "heartbeat").beat()  # no exception
+
+
+def test_a_sweep_worker_beats_the_heartbeat_in_its_gputui_home_as_it_trains(small_data: Path, tmp_path: Path,
+                                                                              gputui_home: Path) -> None:
+    from tests.test_sweep_worker import WAIT, send, trial, worker
+
+    heartbeat = gputui_home / "heartbeat"
+    with worker(small_data) as child:
+        child.wait_for(lambda e: e.get("op") == "ready", WAIT, "the worker's ready line")
+        assert not heartbeat.exists()  # no step yet
+        send(child, trial(0, small_data, tmp_path, epochs=1, batch_size=64, seed=0))
+        result = child.wait_for(lambda e: e.get("op") == "result", WAIT, "the trial's result")
+        assert result["outcome"] == "done", result
+        assert child.proc.stdin is not None
+        child.proc.stdin.close()
+        assert child.finish(WAIT) == 0
+    written = int(heartbeat.read_text())
+    assert abs(written - time.time()) < 3600 and stat.S_IMODE(heartbeat.stat().st_mode) == 0o600
