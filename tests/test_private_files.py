@@ -17,7 +17,9 @@ import pytest
 
 from gputui import cli, paths
 from gputui.alerts import AlertEngine, AlertSettings, Notifier
+from tests.cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, trust  # noqa: F401 - fixtures
 from tests.conftest import run_cli
+from tests.proc_support import wait_until
 from tests.test_alerts import Hook, host
 
 SECRET = "hunter2-T0B0XYZsecrettoken"
@@ -25,9 +27,10 @@ WEBHOOK = f"http://alice:{SECRET}@127.0.0.1:9/services/{SECRET}"
 WAIT = 240  # s: a tiny sweep on a slow, busy 2-core machine
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def open_umask() -> Iterator[None]:
-    """The usual umask, under which files are 0644 and directories 0755 unless gputui says otherwise."""
+    """The usual umask, under which files are 0644 and directories 0755 unless gputui says otherwise
+    (set before the module's sshd starts, so the slaves' shells have it too)."""
     before = os.umask(0o022)
     try:
         yield
@@ -170,23 +173,31 @@ def test_private_dir_tightens_each_directory_from_the_home_down_and_leaves_other
     assert not_private(gputui_home) == {}
 
 
+def deliver(url: str) -> list[str]:
+    """What a notifier reports after one alert to `url`."""
+    lines: list[str] = []
+    settings = AlertSettings(gpu_temperature_c=1, webhook=url, timeout_s=30)
+    notifier = Notifier(settings, report=lines.append)
+    notifier.send(AlertEngine(settings).evaluate([host()], 0.0))
+    assert notifier.wait(1, timeout=60), f"the alert to {url} was not delivered (the delivery thread died?)"
+    notifier.close()
+    return lines
+
+
 def test_a_failed_webhook_never_shows_its_user_password_or_path() -> None:
     broken = Hook(status=500)
-    lines: list[str] = []
     try:
-        port = broken.server.server_address[1]
-        for url in (f"http://127.0.0.1:{port}/hook/{SECRET}", WEBHOOK,
-                    f"http://alice:{SECRET}@127.0.0.1:{port}/a b/{SECRET}"):
-            settings = AlertSettings(gpu_temperature_c=1, webhook=url, timeout_s=30)
-            notifier = Notifier(settings, report=lines.append)
-            notifier.send(AlertEngine(settings).evaluate([host()], 0.0))
-            assert notifier.wait(1, timeout=60), f"no delivery to {url}"
-            notifier.close()
+        lines = deliver(f"http://127.0.0.1:{broken.server.server_address[1]}/hook/{SECRET}") + deliver(WEBHOOK)
     finally:
         broken.close()
-    assert len(lines) == 3 and "HTTP 500" in lines[0], lines
-    assert [line.split(":")[0] for line in lines] == ["alert webhook 127.0.0.1"] * 3
+    assert len(lines) == 2 and "HTTP 500" in lines[0], lines
+    assert [line.split(":")[0] for line in lines] == ["alert webhook 127.0.0.1"] * 2
     assert not [line for line in lines if SECRET in line or "alice" in line], lines
+
+
+def test_a_webhook_url_the_http_client_refuses_is_one_line_without_its_path() -> None:
+    lines = deliver(f"http://alice:{SECRET}@127.0.0.1:9/a b/{SECRET}")  # a space: http.client's InvalidURL
+    assert len(lines) == 1 and lines[0].startswith("alert webhook 127.0.0.1:9: ") and SECRET not in lines[0], lines
 
 
 def test_local_sweep_workers_get_no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,7 +207,9 @@ def test_local_sweep_workers_get_no_credentials(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("GPUTUI_TEST_KEEP", "1")
     handle = LocalSlot("cpu-0", "cpu", 1, None, tmp_path / "logs").spawn()
     try:
-        environ = Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
+        environ = wait_until(lambda: [v for v in Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
+                                      if v] if handle.alive() else [], 60, "the worker's environment",
+                             detail=handle.last_words)
     finally:
         handle.kill()
     assert b"GPUTUI_TEST_KEEP=1" in environ and b"OMP_NUM_THREADS=1" in environ
@@ -219,3 +232,30 @@ def test_an_alert_command_runs_with_the_users_umask(tmp_path: Path, monkeypatch:
     finally:
         os.umask(0o022)
     assert out.read_text() == "0o22"
+
+
+def test_a_slaves_remote_dir_is_private_and_an_open_one_is_tightened_at_the_next_bringup(
+        cluster_nodes: ClusterNodes, cluster_wheel: Path, small_data: Path, gputui_home: Path) -> None:
+    from gputui.cluster.bootstrap import Bootstrapper, local_dataset
+    from gputui.cluster.sshnode import SlaveConnection
+    from gputui.cluster.wheel import given_wheel
+    from gputui.hosts import HostSpec
+
+    node = cluster_nodes.node(0)  # a loopback sshd: the slave's files are on this machine
+    trust(gputui_home, node)
+    spec = HostSpec("n0", node.address, node.port, "root", cluster_nodes.user_key)
+    boot = Bootstrapper("~/.gputui-cluster", "python3", given_wheel(cluster_wheel), local_dataset(small_data))
+    conn = SlaveConnection(spec).open_or_raise()
+    try:
+        base = Path(boot.bootstrap(conn).base)
+        made = [base, *(base / name for name in ("runs", "data", "wheels", "home"))]
+        first = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in made}
+        for path in made:
+            path.chmod(0o755)  # as an older gputui left it
+        again = boot.bootstrap(conn)
+        second = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in made}
+    finally:
+        conn.close()
+    assert again.skipped  # already bootstrapped: only the first command ran, and it tightened
+    assert set(first.values()) == {"0o700"}, first
+    assert set(second.values()) == {"0o700"}, second
