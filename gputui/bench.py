@@ -7,6 +7,10 @@ and the cluster's nodes when a cluster profile is given. The rate is taken betwe
 first step event and the end of the epoch, so start-up and the first step's one-time costs
 are left out; evaluation is never counted. A configuration this machine cannot run (no GPU)
 is a row marked skipped with the reason, never a number. torch is imported lazily.
+
+Each row also records what other processes used of the CPUs while it ran (from /proc/stat, the
+bench's own time and its children's taken out) and the load average: a busy machine is said
+under the table, and an efficiency over 100% is never shown without its likely reason.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from gputui.console import CollectView
 from gputui.errors import GputuiError
+from gputui.train.threads import busy_between, take_sample
 
 FULL_EPOCH = 60000  # images in one epoch of MNIST: what "s/epoch" is quoted for
 TEST_IMAGES = 200
@@ -58,6 +63,8 @@ class BenchRow:
     efficiency: float | None = None
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    busy: float | None = None  # CPUs other processes kept busy while the row ran (None: not known)
+    load: float | None = None  # the 1-minute load average, the higher of before and after the row
 
 
 def plan(models: Sequence[str], gpu_count: int, cpu_procs: int, cluster: Any = None, cluster_profile: Path | None = None) -> list[RowSpec]:
@@ -67,7 +74,7 @@ def plan(models: Sequence[str], gpu_count: int, cpu_procs: int, cluster: Any = N
     for model in models:
         cpu = f"{model} cpu x1"
         rows.append(RowSpec(cpu, model, "cpu", "single", 1, cpu))
-        rows.append(RowSpec(f"{model} cpu ddp x{cpu_procs}", model, "cpu", "ddp", cpu_procs, cpu, nproc=cpu_procs, threads=1))
+        rows.append(RowSpec(f"{model} cpu ddp x{cpu_procs}", model, "cpu", "ddp", cpu_procs, cpu, nproc=cpu_procs))
         gpu0 = f"{model} cuda:0"
         for index in range(max(gpu_count, 1)):
             rows.append(RowSpec(f"{model} cuda:{index}", model, f"cuda:{index}", "single", 1, gpu0, skip=no_gpu,
@@ -117,11 +124,16 @@ def measure(spec: RowSpec, data: Path, batch_size: int, work: Path) -> BenchRow:
                            cuda_graph=spec.cuda_graph)
     view = CollectView()
     request = RunRequest(profile=spec.profile, overrides=settings, run_dir=work / spec.label.replace(" ", "_").replace(":", ""))
+    before, load = take_sample(), _load()
     try:
         run(request, view, say=lambda _m: None)
     except GputuiError as exc:
         row.status, row.detail = "failed", str(exc)
         return row
+    finally:
+        row.busy = busy_between(before, take_sample())
+        after = _load()
+        row.load = None if load is None or after is None else max(load, after)
     steps = [e for e in view.events if e.get("event") == "step"]
     done = next((e for e in view.events if e.get("event") == "done"), None)
     start = next((e for e in view.events if e.get("event") == "start"), {})
@@ -136,14 +148,60 @@ def measure(spec: RowSpec, data: Path, batch_size: int, work: Path) -> BenchRow:
     return row
 
 
-def add_speedups(rows: list[BenchRow]) -> None:
-    """Speedup against each row's baseline row, and scaling efficiency = speedup / workers."""
-    rates = {r.label: r.samples_per_s for r in rows if r.status == "ok"}
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def add_speedups(rows: list[BenchRow], cores: int | None = None) -> None:
+    """Speedup against each row's baseline row, and scaling efficiency = speedup / workers; an
+    efficiency over 100% says why in the row's detail."""
+    cores = cores or cpu_count()
+    by_label = {r.label: r for r in rows if r.status == "ok"}
     for row in rows:
-        base = rates.get(row.baseline)
-        if row.samples_per_s is not None and base:
-            row.speedup = round(row.samples_per_s / base, 3)
+        base = by_label.get(row.baseline)
+        if row.samples_per_s is not None and base is not None and base.samples_per_s:
+            row.speedup = round(row.samples_per_s / base.samples_per_s, 3)
             row.efficiency = round(row.speedup / row.workers, 3)
+            if row.efficiency > 1.0:
+                row.detail = superlinear(base, row, cores)
+
+
+def _busy_words(row: BenchRow) -> str:
+    load = f", load {row.load:.1f}" if row.load is not None else ""
+    return f"others used {row.busy:.1f} CPUs{load}" if row.busy is not None else f"load {row.load:.1f}"
+
+
+def was_busy(row: BenchRow, cores: int) -> bool:
+    """Whether other processes took a fair share of the machine while the row ran."""
+    if row.busy is not None:
+        return row.busy > max(0.5, 0.25 * cores)
+    return row.load is not None and row.load > cores
+
+
+def superlinear(base: BenchRow, row: BenchRow, cores: int) -> str:
+    """Why a row scaled better than linearly, in the words its note shows."""
+    if was_busy(base, cores) and (base.busy is None or row.busy is None or base.busy > row.busy + 0.25):
+        return f"superlinear: the 1-process baseline was slowed by a busy machine ({_busy_words(base)})"
+    if was_busy(row, cores) or was_busy(base, cores):
+        return f"superlinear: the machine was busy while measuring ({_busy_words(base)}); re-run on a quiet one"
+    return "superlinear: more than linear scaling (each process's share fits the caches better); re-run to confirm"
+
+
+def busy_note(rows: Sequence[BenchRow], cores: int | None = None) -> str | None:
+    """A line saying the machine was busy while the bench measured, or None if it was quiet."""
+    cores = cores or cpu_count()
+    busy = [r for r in rows if r.status != "skipped" and was_busy(r, cores)]
+    if not busy:
+        return None
+    shares = [r.busy for r in busy if r.busy is not None]
+    loads = [r.load for r in busy if r.load is not None]
+    used = f"other processes used up to {max(shares):.1f} of {cores} CPUs" if shares else "the machine was loaded"
+    load = f" (load average up to {max(loads):.1f})" if loads else ""
+    return (f"note: the machine was busy while {len(busy)} of the rows ran: {used}{load}; their rates are lower "
+            "than on a quiet machine and speedups between them are not reliable")
 
 
 def run_bench(models: Sequence[str], steps: int, batch_size: int, cluster_profile: Path | None = None,
@@ -183,6 +241,8 @@ def table(rows: Sequence[BenchRow]) -> str:
             return "-" if v is None else format(v, fmt)
 
         note = r.detail if r.status != "ok" else (r.baseline if r.baseline != r.label else "baseline")
+        if r.status == "ok" and r.detail:
+            note += f" ({r.detail})"
         lines.append((r.label, str(r.workers), num(r.samples_per_s, ",.0f"), num(r.s_per_epoch, ".1f"),
                        num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
                        num(None if r.efficiency is None else r.efficiency * 100, ".0f") + ("%" if r.efficiency is not None else ""),

@@ -25,7 +25,7 @@ SPEC: dict[str, dict[str, str]] = {
               "batch_size": "int", "steps_per_epoch": "int", "total_steps": "int", "train_samples": "int",
               "test_samples": "int", "num_classes": "int", "params": "int", "seed": "int",
               "resumed_from_step": "int", "device_choice": "str", "gpus": "list", "node": "str", "nodes": "int", "nproc_per_node": "int", "restart": "int",
-              "step_impl": "str", "schedule_from_step": "int"},
+              "step_impl": "str", "schedule_from_step": "int", "threads": "int", "threads_why": "str"},
     "step": {**_POSITION, "loss": "num", "l1": "num", "samples_per_s": "num", "lr": "num"},
     "eval": {**_POSITION, "test_loss": "num", "test_acc": "num", "eval_s": "num"},
     "epoch": {**_POSITION, "train_loss": "num", "l1": "num", "test_loss": "num", "test_acc": "num", "eval_s": "num"},

@@ -152,7 +152,9 @@ def execute(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
 
 def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
     from gputui.train.startup import Prefetch, warm_dynamo
+    from gputui.train.threads import machine, run_threads, take_sample
 
+    sample = take_sample()  # others' CPU use is sampled while torch imports, at no extra wait
     prefetch = Prefetch(Path(cfg.data) if cfg.data else None)  # decodes while torch imports
     import torch
 
@@ -173,8 +175,9 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
                 raise UserError(f"gpus {bad}: only {count} CUDA device(s) visible")
             device = torch.device("cuda", cfg.gpus[0])
         start_info["gpus"] = list(cfg.gpus) if cfg.gpus else list(range(torch.cuda.device_count()))
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads, threads_why = run_threads(cfg.threads, os.environ, view=None if cfg.threads else machine(sample))
+    torch.set_num_threads(threads)
+    start_info.update(threads=threads, threads_why=threads_why)
     stop = StopFlag()
     with _stop_on_signals(stop):
         data = prefetch.dataset()
@@ -193,10 +196,13 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
 def _execute_ddp(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
     from gputui.train.distributed import launch
 
+    from gputui.train.threads import child_env, run_threads
+
     nproc = cfg.nproc
     if nproc is None:
         nproc = _visible_gpus(cfg) or 2
-    return launch(run, nproc, resume, view.show)
+    threads, why = run_threads(cfg.threads, os.environ, workers=nproc)  # the ranks share what is free
+    return launch(run, nproc, resume, view.show, env=child_env({}, threads, why))
 
 
 def _visible_gpus(cfg: RunConfig) -> int:

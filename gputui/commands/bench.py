@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from gputui.bench import run_bench, store_rows, table
+    from gputui.bench import busy_note, run_bench, store_rows, table
     from gputui.errors import UserError
     from gputui.train.recipes import MODEL_NAMES
 
@@ -48,10 +48,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     rows = run_bench(models, args.steps, args.batch_size, args.profile, args.nproc, progress)
     store_rows(rows)
+    note = busy_note(rows)
     if args.json:
         from dataclasses import asdict
 
-        print(json.dumps({"steps": args.steps, "batch_size": args.batch_size, "rows": [asdict(r) for r in rows]}))
+        print(json.dumps({"steps": args.steps, "batch_size": args.batch_size, "busy_note": note,
+                          "rows": [asdict(r) for r in rows]}))
     else:
         print(table(rows))
+        if note:
+            print(note)
     return 0 if any(r.status == "ok" for r in rows) else 1

@@ -18,7 +18,6 @@ A key left out keeps the `[run]` table's value (or the model's default).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +90,8 @@ SWEEP_SECTION = Section(
                          "GPU); 0: none here (the slots are elsewhere).", None, minimum=0, maximum=1024),
         "trials_per_gpu": Field("int", "Workers sharing one GPU (for nets too small to fill it).", 1, minimum=1,
                                 maximum=64),
-        "threads": Field("int", "CPU threads for torch in each worker (default: the CPU cores over the local "
-                         "workers).", None, minimum=1, maximum=1024),
+        "threads": Field("int", "CPU threads for torch in each worker (default: the CPUs free on this machine "
+                         "over the local workers).", None, minimum=1, maximum=1024),
         "budget_usd": Field("float", "No new trial starts once the projected spend would pass this.", None,
                             minimum=0, exclusive_minimum=True),
         "keep_slaves": Field("bool", "Keep the cloud slaves the sweep started when it ends.", False),
@@ -214,6 +213,9 @@ def suggest(trial: Any, space: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
     return params
 
 
-def default_threads(workers: int) -> int:
-    """Torch threads per worker when the profile does not say: the cores shared out, at least one."""
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+def default_threads(workers: int, view: Any = None) -> int:
+    """Torch threads per worker when the profile does not say: what is free on this machine shared
+    out, at least one (gputui.train.threads.choose_threads; `view`: a CpuView, else the machine now)."""
+    from gputui.train.threads import choose_threads
+
+    return choose_threads(workers, view)[0]

@@ -78,11 +78,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
-def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]], None]) -> str:
-    """Run torchrun to the end, showing rank 0's events; return 'done' or 'interrupted'."""
+def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]], None],
+           env: Mapping[str, str] | None = None) -> str:
+    """Run torchrun to the end, showing rank 0's events; return 'done' or 'interrupted'. `env`:
+    more for the ranks' environment (their threads: gputui.train.threads.child_env)."""
     offset = run.events.stat().st_size if run.events.exists() else 0
     log_path = run.path / LAUNCHER_LOG
-    env = local_group_env(os.environ, new_token())
+    env = {**local_group_env(os.environ, new_token()), **(env or {})}
     store = serve_store(LOOPBACK, 0, timeout_s=600)
     become_subreaper()  # workers whose torchrun dies come back to us, not to init
     with open(log_path, "ab") as log:
@@ -240,7 +242,10 @@ def worker_main(argv: list[str] | None = None) -> int:
         cfg = load_profile(run.profile).run.resolve()
         device = init_rank(cfg, local_rank)
         data = load_dataset(Path(cfg.data) if cfg.data else None)
-        trainer = Trainer(cfg, run, data, device, emit, stop, dist=Dist(rank, world))
+        from gputui.train.threads import rank_fields
+
+        trainer = Trainer(cfg, run, data, device, emit, stop, dist=Dist(rank, world),
+                          start_info=rank_fields(cfg.threads, os.environ))
         trainer.train(resume=args.resume)
     except GputuiError as exc:
         emit(error_event(exc))
