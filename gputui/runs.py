@@ -18,6 +18,10 @@ PROFILE = "profile.toml"
 EVENTS = "events.jsonl"
 CHECKPOINT = "ckpt.pt"
 PIDFILE = "run.pid"  # line 1 the pid, line 2 its start time (/proc ticks), line 3 the profile it was started from
+# The networks gputui trains checkpoint in well under a megabyte; a file far larger than any of
+# them is not one: refused before it is read (gputui.train.checkpoint) and never copied past it
+# from a slave or a sweep host (gputui.cluster.sshnode.get counts the bytes as they come).
+MAX_CHECKPOINT = 64 << 20
 STDERR = "stderr.log"  # a run started by the dashboard writes its stderr here (it may outlive the dashboard)
 
 

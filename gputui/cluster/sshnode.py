@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 from pathlib import Path
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -23,6 +24,7 @@ from gputui.sources.ssh import CommandTimeout, SshHost
 if TYPE_CHECKING:
     from gputui.cluster.tunnel import ReverseForward
 
+GET_CHUNK = 1 << 16  # bytes per read of a fetched file (the copy is counted as it goes)
 _USER_STATES = (HostState.AUTH_FAILED, HostState.HOST_KEY_UNKNOWN, HostState.HOST_KEY_MISMATCH)
 
 
@@ -143,26 +145,60 @@ class SlaveConnection(SshHost):
 
     def get(self, remote: str, local: "os.PathLike[str] | str", max_bytes: int | None = None,
             check: "Callable[[str], object] | None" = None) -> bool:
-        """Copy a remote file here atomically; False if it does not exist there. A file over
-        `max_bytes` is refused before it is copied, and `check(copy)` may refuse the copy
-        (by raising) before it replaces `local`."""
+        """Copy a remote regular file here atomically; False if it does not exist there.
+
+        The slave's file is data: a link, a device or a FIFO is refused (lstat, never followed:
+        a link to /dev/zero never ends), and the copy itself is bounded: at most `max_bytes`
+        bytes are read, counted as they come, so a file that grows (or is swapped for another)
+        after it was looked at is cut there and refused. `check(copy)` may refuse the copy (by
+        raising) before it replaces `local`. A refused or failed copy leaves no partial file.
+        """
         local = os.fspath(local)
         tmp = f"{local}.part"
+        sftp = self.sftp()
         try:
-            if max_bytes is not None and (self.sftp().stat(remote).st_size or 0) > max_bytes:
+            try:
+                info = sftp.lstat(remote)
+            except FileNotFoundError:
+                return False
+            self._regular(remote, info.st_mode)
+            if max_bytes is not None and (info.st_size or 0) > max_bytes:
                 raise GputuiError(f"slave {self.name}: {remote} is larger than {max_bytes} bytes; not fetched")
-            self.sftp().get(remote, tmp)
+            with sftp.open(remote, "rb") as src:
+                self._regular(remote, src.stat().st_mode)  # what was opened (a link swapped in since is refused)
+                self._copy(src, tmp, remote, max_bytes, info.st_size or 0)
             if check is not None:
                 check(tmp)
-        except FileNotFoundError:
-            return False
+            os.replace(tmp, local)
         except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
             raise GputuiError(f"slave {self.name}: cannot fetch {remote}: {exc}") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        os.replace(tmp, local)
         return True
+
+    def _regular(self, remote: str, mode: int | None) -> None:
+        if mode is None or not stat.S_ISREG(mode):
+            raise GputuiError(f"slave {self.name}: {remote} is not a regular file (a link, a device or a pipe); "
+                              "not fetched")
+
+    def _copy(self, src: Any, tmp: str, remote: str, max_bytes: int | None, size: int) -> None:
+        """`src` (an open SFTP file) into `tmp` (private), stopping past `max_bytes`."""
+        if 0 < size <= (max_bytes if max_bytes is not None else size):
+            src.prefetch(size)  # pipelined reads of the size seen; reads past it still come, one by one
+        copied = 0
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as dst:
+            while True:
+                data = src.read(GET_CHUNK)
+                if not data:
+                    return
+                copied += len(data)
+                if max_bytes is not None and copied > max_bytes:
+                    raise GputuiError(f"slave {self.name}: {remote} passed {max_bytes} bytes while it was copied "
+                                      "(a file that keeps growing); cut there and not fetched")
+                dst.write(data)
 
     def transport(self) -> Any:
         """paramiko's Transport of this connection, or None."""

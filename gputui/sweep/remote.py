@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gputui.errors import GputuiError, UserError
-from gputui.runs import CHECKPOINT
+from gputui.runs import CHECKPOINT, MAX_CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.slots import WorkerGone
 
 READ_TIMEOUT_S = 5.0  # how often a silent channel checks its connection is still up
 KILL_TIMEOUT_S = 10.0
-MAX_CHECKPOINT = 1 << 30
 EOF_SETTLE_S = 2.0  # after a worker's output ends: time for its exit status, or for a dropped connection to show
 PID_TAG = "@@gputui-worker-pid "
 WATCH_INTERVAL_S = 2.0  # a cloud worker's spot watcher polls the metadata service this often
@@ -104,6 +103,7 @@ class SSHHandle:
         self._no_status = False
         self._current: tuple[str, str] | None = None  # the running trial's run directory: here, there
         self.pulled: list[str] = []  # trial directories whose checkpoint came back after a death
+        self.warnings: list[str] = []  # what went wrong beside the death (a checkpoint not pulled): said once each
         self._killed = False
         self._send_lock = threading.Lock()
         exports = [f"{k}={v}" for k, v in sorted(env.items())]
@@ -248,7 +248,10 @@ class SSHHandle:
 
     def _pull_checkpoint(self) -> None:
         """The worker died in a trial: copy the trial's checkpoint back to the master (the retry, on
-        any slot, goes on from it). Nothing when the host is gone, or the trial had none yet."""
+        any slot, goes on from it). Nothing when the host is gone, or the trial had none yet. The
+        host's file is data: only a regular file, at most MAX_CHECKPOINT bytes, is copied (a link
+        to /dev/zero is refused, a file that keeps growing is cut); one that is refused is a
+        warning, and the retry goes on from the checkpoint pulled before, if any, or from the start."""
         current, self._current = self._current, None
         transport = self.host.conn.transport() if self.host.conn is not None else None
         if current is None or transport is None or not transport.is_active():
@@ -259,8 +262,12 @@ class SSHHandle:
             with self.host.files:
                 if self.host.conn.get(f"{remote}/{CHECKPOINT}", Path(local) / CHECKPOINT, max_bytes=MAX_CHECKPOINT):
                     self.pulled.append(local)
-        except Exception:  # noqa: BLE001 - no checkpoint back: the retry starts from the beginning
-            pass
+        except Exception as exc:  # noqa: BLE001 - no checkpoint back: the retry goes on from an older one, or the start
+            from gputui.model.text import clean
+
+            kept = "the one pulled before" if (Path(local) / CHECKPOINT).is_file() else "none: it starts from the beginning"
+            self.warnings.append(f"checkpoint of the trial in {remote} not pulled back from host {self.host.name} "
+                                 f"({clean(str(exc) or type(exc).__name__, 300)}); the retry's checkpoint: {kept}")
 
     def _push_checkpoint(self, local: str, remote: str) -> bool:
         """A retried trial's checkpoint (pulled back earlier) to its run directory on this host."""

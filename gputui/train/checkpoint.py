@@ -10,13 +10,14 @@ from typing import Any
 import torch
 
 from gputui.errors import GputuiError, UserError
+from gputui.runs import MAX_CHECKPOINT
 from gputui.paths import private_opener
 
 CHECKPOINT = "ckpt.pt"
 FORMAT = 1
-# The networks gputui trains checkpoint in well under a megabyte; a file far larger than any
-# of them is refused before it is read (it may come from a slave: a remote answer is data).
-MAX_BYTES = 64 << 20
+# A file far larger than any checkpoint of ours is refused before it is read (it may come from a
+# slave: a remote answer is data); the same bound caps the copy from a slave or a sweep host.
+MAX_BYTES = MAX_CHECKPOINT
 KEYS = ("model", "optimizer", "epoch", "batch", "step", "steps_per_epoch", "elapsed_s", "eval_s", "best_acc",
         "last_acc", "epoch_loss_sum", "epoch_loss_count", "num_classes", "torch_rng")
 
