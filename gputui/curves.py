@@ -40,6 +40,7 @@ LOSSES = ("train_loss", "epoch_loss", "test_loss")
 MAX_POINTS = 2000  # per series; past this every other point goes (evenly, over the whole run)
 MAX_WEIGHT = 0.99
 CSV_NAME = "curves.csv"
+FOLD_BATCH = 4096  # events of a file folded at once: one copy of each series per batch, a bounded list
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,13 @@ def load_run(run_dir: str | Path) -> Curves:
     events_path = path if path.is_file() else path / runs.EVENTS
     if not events_path.is_file():
         raise UserError(f"{path}: no {runs.EVENTS} there; pick a run directory (`gputui runs` lists them)")
-    curves = Curves.from_events(runs.read_events(events_path))
+    curves = Curves()
+    batch: list[Mapping[str, Any]] = []
+    for event in runs.iter_events(events_path):  # streamed, folded a batch at a time: thinned as it grows
+        batch.append(event)
+        if len(batch) >= FOLD_BATCH:
+            curves, batch = curves.fold_all(batch), []
+    curves = curves.fold_all(batch)
     return replace(curves, run_id=curves.run_id or events_path.parent.name, run_dir=str(events_path.parent))
 
 
@@ -400,7 +407,7 @@ def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]
     from gputui import history  # the format of `gputui runs export`
 
     target = out if out is not None else path / CSV_NAME
-    rows = history.curves(runs.read_events(events_path))
+    rows = history.curve_rows(events_path)  # streamed, never the whole file
     try:
         with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
             count = history.write_csv(rows, fh)

@@ -13,16 +13,18 @@ while a process on this machine holds its event log open for writing, and `stopp
 from __future__ import annotations
 
 import csv
+import math
 import sqlite3
 import time
 import tomllib
+from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
-from gputui import runs
+from gputui import runs, summaries
 from gputui.errors import GputuiError, UserError
-from gputui.events import ENDS, typed
+from gputui.events import typed
 from gputui.paths import runs_home
 
 STATES = ("done", "interrupted", "failed", "running", "stopped")
@@ -57,86 +59,75 @@ class RunSummary:
         return asdict(self)
 
 
-def summarize(run: runs.RunDir, events: Sequence[dict[str, Any]] | None = None, writing: bool | None = False,
-              ledger_status: str | None = None, cost_usd: float | None = None) -> RunSummary:
-    """A run's summary from its events (read from its directory unless given).
+def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, writing: bool | None = False,
+              ledger_status: str | None = None, cost_usd: float | None = None,
+              digest: summaries.Digest | None = None) -> RunSummary:
+    """A run's summary from its events: given, or its digest (gputui.summaries: streamed from its
+    events file once, then cached beside it).
 
     `writing`: whether a process holds its event log open for writing (None: cannot be known
     here, then the ledger's 'running' is believed); `ledger_status`: the cost ledger's status.
     """
-    if events is None:
-        events = runs.read_events(run.events)
-    events = [typed(e) for e in events if isinstance(e, dict)]
-    starts = [e for e in events if e.get("event") == "start"]
-    first = starts[0] if starts else {}
-    latest = starts[-1] if starts else {}
-    profile = _profile(run.profile)
-    epochs_done = max((_int(e.get("epoch")) or 0 for e in events if e.get("event") == "epoch"), default=0)
-    accs = [e["test_acc"] for e in events if e.get("event") in ("eval", "epoch", "done") and e.get("test_acc") is not None]
-    done = next((e for e in reversed(events) if e.get("event") == "done"), None)
-    best = max(accs, default=None)
-    if done is not None and done.get("best_acc") is not None:
-        best = done["best_acc"] if best is None else max(best, done["best_acc"])
-    train_s = next((e["elapsed_s"] for e in reversed(events) if e.get("elapsed_s") is not None), None)
-    state, detail = _state(events, writing, ledger_status)
+    if digest is None:
+        digest = summaries.read(run) if events is None else summaries.of_events(events)
+    needs_profile = not all((digest.model, digest.device, digest.strategy, digest.epochs))
+    profile = _profile(run.profile) if needs_profile else {}  # a start event says it all: no file read
+    state, detail = _state(digest, writing, ledger_status)
     return RunSummary(
         run_id=run.run_id,
         path=str(run.path),
-        started=_num(first.get("time")),
-        model=_str(latest.get("model")) or _str(profile.get("model")),
-        device=_str(latest.get("device")) or _str(profile.get("device")),
-        strategy=_str(latest.get("strategy")) or _str(profile.get("strategy")),
-        world_size=_int(latest.get("world_size")),
-        epochs_done=epochs_done,
-        epochs=_int(latest.get("epochs")) or _int(profile.get("epochs")),
-        best_acc=best,
-        final_acc=accs[-1] if accs else None,
-        train_s=train_s,
+        started=digest.started,
+        model=digest.model or _str(profile.get("model")),
+        device=digest.device or _str(profile.get("device")),
+        strategy=digest.strategy or _str(profile.get("strategy")),
+        world_size=digest.world_size,
+        epochs_done=digest.epochs_done,
+        epochs=digest.epochs or _int(profile.get("epochs")),
+        best_acc=digest.best,
+        final_acc=digest.final_acc,
+        train_s=digest.train_s,
         cost_usd=cost_usd,
         state=state,
         detail=detail,
-        last_event=_num(events[-1].get("time")) if events else None,
+        last_event=digest.last_time,
     )
 
 
-def _state(events: Sequence[dict[str, Any]], writing: bool | None, ledger_status: str | None) -> tuple[str, str | None]:
-    last = next((e for e in reversed(events) if e.get("event") in (*ENDS, "start")), None)
-    kind = last.get("event") if last is not None else None
+def _state(digest: summaries.Digest, writing: bool | None, ledger_status: str | None) -> tuple[str, str | None]:
+    kind = digest.last_kind
     if kind == "done":
         return "done", None
     if kind == "interrupted":
-        return "interrupted", _str(last.get("reason")) if last is not None else None
+        return "interrupted", digest.last_text or None
     if kind == "error":
-        return "failed", _str(last.get("message")) if last is not None else None
+        return "failed", digest.last_text or None
     if writing or (writing is None and ledger_status == "running"):
         return "running", None
     if ledger_status == "failed":
         return "failed", "ended without a last event"
-    if not events:
+    if not digest.events:
         return "stopped", "no events: it stopped before training began"
     return "stopped", "ended without a last event (killed?)"
 
 
 def completed_epochs(run: runs.RunDir) -> int | None:
     """The epochs a run finished if its last word is `done`, else None (it can go on as it is)."""
-    for event in reversed(runs.read_events(run.events)):
-        kind = event.get("event") if isinstance(event, dict) else None
-        if kind in ENDS or kind == "start":
-            return _int(typed(event).get("epochs")) if kind == "done" else None
-    return None
+    digest = summaries.read(run)
+    return digest.done_epochs if digest.last_kind == "done" else None
 
 
 def list_runs(home: Path | None = None, ledger_path: Path | None = None, now: float | None = None) -> list[RunSummary]:
-    """Every run under `home` (default: the runs' default location), oldest first."""
+    """Every run under `home` (default: the runs' default location), oldest first. Each run's
+    events are read through its cached digest: a run that has not changed since the last
+    listing costs a read of its summary.json, not of its events."""
     home = runs_home() if home is None else home
     found = [runs.RunDir(p) for p in runs.run_dirs(home)]
-    logs = {run.run_id: runs.read_events(run.events) for run in found}
-    unfinished = [run for run in found if _unfinished(logs[run.run_id])]
+    digests = {run.run_id: summaries.read(run) for run in found}
+    unfinished = [run for run in found if digests[run.run_id].unfinished]
     writing = runs.written_files(run.events for run in unfinished) if unfinished else set()
     statuses, costs = ledger_view(ledger_path, now)
-    out = [summarize(run, logs[run.run_id],
-                     _running(run, writing) if _unfinished(logs[run.run_id]) else False,
-                     statuses.get(run.run_id), costs.get(run.run_id))
+    out = [summarize(run, None, _running(run, writing) if digests[run.run_id].unfinished else False,
+                     statuses.get(run.run_id), costs.get(run.run_id), digest=digests[run.run_id])
            for run in found]
     return sorted(out, key=lambda s: (s.started if s.started is not None else float("inf"), s.run_id))
 
@@ -147,11 +138,6 @@ def _running(run: runs.RunDir, writing: set[Path] | None) -> bool | None:
     if runs.live_process(run) is not None or (writing is not None and run.events in writing):
         return True
     return None if writing is None else False
-
-
-def _unfinished(events: Sequence[dict[str, Any]]) -> bool:
-    last = next((e for e in reversed(events) if isinstance(e, dict) and e.get("event") in (*ENDS, "start")), None)
-    return last is None or last.get("event") == "start"
 
 
 def ledger_view(path: Path | None = None, now: float | None = None) -> tuple[dict[str, str], dict[str, float]]:
@@ -242,10 +228,47 @@ def curves(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 while rows and rows[-1]["step"] is not None and rows[-1]["step"] > resumed:
                     rows.pop()
             continue
-        if kind not in CURVE_EVENTS:
-            continue
-        rows.append({column: (kind if column == "event" else _num(event.get(column))) for column in CSV_COLUMNS})
+        if kind in CURVE_EVENTS:
+            rows.append(_row(kind, event))
     return rows
+
+
+def curve_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """`curves` of a run's events file, streamed: the file is read twice, in bounded chunks,
+    never whole. The first pass finds which rows a resume drops (keeping 16 bytes a row, not
+    the rows); the second yields the others. Both stop where the file ended when this began
+    (a running run writes on)."""
+    try:
+        end = path.stat().st_size
+    except OSError:
+        return
+    kept, steps = array("q"), array("d")  # the rows so far that no resume dropped: ordinal, step (NaN: none)
+    ordinal = 0
+    for raw in runs.iter_events(path, end=end):
+        kind = raw.get("event")
+        if kind == "start":
+            resumed = _int(typed(raw).get("resumed_from_step"))
+            while resumed is not None and steps and not math.isnan(steps[-1]) and steps[-1] > resumed:
+                steps.pop()
+                kept.pop()
+        elif kind in CURVE_EVENTS:
+            step = _num(typed(raw).get("step"))
+            kept.append(ordinal)
+            steps.append(math.nan if step is None else float(step))
+            ordinal += 1
+    wanted = iter(kept)
+    next_kept, ordinal = next(wanted, -1), 0
+    for raw in runs.iter_events(path, end=end):
+        kind = raw.get("event")
+        if kind in CURVE_EVENTS:
+            if ordinal == next_kept:
+                yield _row(kind, typed(raw))
+                next_kept = next(wanted, -1)
+            ordinal += 1
+
+
+def _row(kind: str, event: dict[str, Any]) -> dict[str, Any]:
+    return {column: (kind if column == "event" else _num(event.get(column))) for column in CSV_COLUMNS}
 
 
 def write_csv(rows: Iterable[dict[str, Any]], out: TextIO) -> int:

@@ -295,3 +295,77 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+MAX_EVENT_LINE = 1 << 20  # an event line is a few hundred bytes; past this it is not one of ours
+READ_CHUNK = 1 << 20  # what a streaming read of an events file takes at a time
+
+
+class EventLines:
+    """The lines of an events file from byte `start` to `end` (default: its end now), read
+    `chunk` bytes at a time: never the whole file at once, however long the run was. A line
+    longer than `max_line` is dropped (counted in `dropped`).
+
+    Iterating yields the complete lines (those ended by a newline); after it, `offset` is the
+    byte after the last of them (where a later read goes on) and `tail` the bytes after it: a
+    line still being written, or a last line written without its newline (b"" if none)."""
+
+    def __init__(self, path: Path, start: int = 0, end: int | None = None, max_line: int = MAX_EVENT_LINE,
+                 chunk: int = READ_CHUNK) -> None:
+        self.path, self.start, self.end, self.chunk = path, start, end, chunk
+        self.max_line = max_line
+        self.offset = start
+        self.tail = b""
+        self.dropped = 0
+        self.read_bytes = 0  # bytes read from the file (an instrument for the tests and benchmarks)
+
+    def __iter__(self) -> Iterator[bytes]:
+        from gputui.model.lines import LineSplitter
+
+        lines = LineSplitter(self.max_line)
+        self.offset, self.tail = self.start, b""
+        with open(self.path, "rb") as fh:
+            fh.seek(self.start)
+            left = -1 if self.end is None else max(0, self.end - self.start)
+            while left != 0:
+                data = fh.read(self.chunk if left < 0 else min(self.chunk, left))
+                if not data:
+                    break
+                left = left - len(data) if left > 0 else left
+                self.read_bytes += len(data)
+                yield from lines.feed(data)
+                self.offset = self.start + lines.line_start
+        self.dropped = lines.cut
+        self.tail = lines.finish() or b""
+
+
+_DECODER = json.JSONDecoder()
+
+
+def parse_event(line: bytes) -> dict[str, Any] | None:
+    """One line of an events file as an event, or None for a line that is not one JSON object
+    (torn by a crash, or not ours). Bytes that are not UTF-8 are replaced, not fatal."""
+    text = line.decode("utf-8", errors="replace").strip(" \t\r\n")
+    if not text:
+        return None
+    try:
+        event, end = _DECODER.raw_decode(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return event if end == len(text) and isinstance(event, dict) else None
+
+
+def iter_events(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
+    """The events of a run's events file, streamed (see EventLines): a run's whole history
+    without holding its file. A last line without its newline counts if it is a whole event."""
+    lines = EventLines(path, start, end)
+    try:
+        for line in lines:
+            event = parse_event(line)
+            if event is not None:
+                yield event
+    except FileNotFoundError:
+        return
+    last = parse_event(lines.tail) if lines.tail else None
+    if last is not None:
+        yield last

@@ -18,12 +18,15 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gputui.cluster.sshnode import SlaveConnection, sh
+from gputui.model.lines import LineSplitter, cut_marker
 
 # (node name, "line" | "exit", text or exit code)
 Item = tuple[str, str, Any]
+MAX_LINE = 64 << 10  # a node's output line past this is cut (with a marker): a log line, not a dump
+READ_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,21 @@ class NodeProc:
         self.tail: deque[str] = deque(maxlen=40)
         self.exit_code: int | None = None
         self.log_path: Path | None = None
+        self.lines = LineSplitter(MAX_LINE, cut_marker(MAX_LINE))  # the output reader's (its counts)
 
     def _emit_line(self, line: str) -> None:
         self.items.put((self.name, "line", line))
+
+    def _pump(self, recv: Callable[[int], bytes]) -> None:
+        """Every line of the node's output, read with `recv` until it returns b"" (the end): split
+        as each chunk comes (only the new bytes are searched), a line cut at MAX_LINE bytes."""
+        lines = self.lines = LineSplitter(MAX_LINE, cut_marker(MAX_LINE))
+        while data := recv(READ_CHUNK):
+            for raw in lines.feed(data):
+                self._emit_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
+        tail = lines.finish()
+        if tail:
+            self._emit_line(tail.decode("utf-8", errors="replace").rstrip("\r"))
 
     def last_error(self) -> str:
         lines = [ln for ln in self.tail if ln.strip()]
@@ -107,9 +122,9 @@ class LocalNode(NodeProc):
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            self._emit_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        stdout = self.proc.stdout
+        assert stdout is not None
+        self._pump(stdout.read1)  # what is there now (readline would hold a line of any length whole)
         self.exit_code = self.proc.wait()
         self.items.put((self.name, "exit", self.exit_code))
 
@@ -149,18 +164,8 @@ class RemoteNode(NodeProc):
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()
 
     def _read(self) -> None:
-        buffer = b""
         try:
-            while True:
-                data = self.channel.recv(65536)
-                if not data:
-                    break
-                buffer += data
-                *lines, buffer = buffer.split(b"\n")
-                for raw in lines:
-                    self._emit_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
-            if buffer:
-                self._emit_line(buffer.decode("utf-8", errors="replace"))
+            self._pump(self.channel.recv)
             self.exit_code = self.channel.recv_exit_status() if self.channel.status_event.wait(10) else -1
         except Exception:  # noqa: BLE001 - a dead connection is an exit like any other
             self.exit_code = -1

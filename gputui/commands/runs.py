@@ -67,7 +67,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(f"runs export {args.run_id}: name the format: --csv [FILE] (stdout without FILE)")
     home = args.dir.expanduser() if getattr(args, "dir", None) is not None else runs_home()
     run = runs.find(args.run_id, home, flag="runs export")
-    rows = history.curves(runs.read_events(run.events))
+    rows = history.curve_rows(run.events)  # streamed: a long run's file is never read whole
     if args.csv == "-":
         history.write_csv(rows, sys.stdout)
         return 0

@@ -26,16 +26,53 @@ from gputui.sources.hostkeys import Failure, SshOptions, classify
 from gputui.sources.jump import BastionError, RouteError, Target, resolve
 from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
 
-__all__ = ["CommandTimeout", "SshHost", "SshSource", "Target", "resolve"]
+__all__ = ["CommandTimeout", "OutputTooLarge", "SshHost", "SshSource", "Target", "resolve"]
 
 # paramiko logs failed handshakes at ERROR; without a handler Python would print them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 MIN_CPU_JIFFIES = 5.0  # below this, a CPU % between two /proc/stat readings is noise
+# What one poll may read (stdout and stderr together): nvidia-smi's answer for 16 GPUs and their
+# processes is tens of KiB. A host that says more (a broken or hostile nvidia-smi) is an error
+# for that poll, and its channel is closed rather than read on.
+MAX_POLL_BYTES = 1 << 20
+MAX_LINE_BYTES = 64 << 10  # a line of that answer is a few hundred bytes
 
 
 class CommandTimeout(Exception):
     """The remote command gave no complete answer in time."""
+
+
+class OutputTooLarge(Exception):
+    """The remote command said more than a poll reads (in all, or in one line)."""
+
+    def __init__(self, limit: int, what: str = "output") -> None:
+        super().__init__(f"{what} over {limit // 1024} KiB")
+
+
+class _Budget:
+    """The bytes one command's output may still take, and the length of the line it is in."""
+
+    def __init__(self, max_bytes: int, max_line: int) -> None:
+        self.max_bytes, self.max_line = max_bytes, max_line
+        self.taken = 0
+        self.line = 0
+
+    def take(self, data: bytes) -> None:
+        self.taken += len(data)
+        if self.taken > self.max_bytes:
+            raise OutputTooLarge(self.max_bytes)
+        start = 0
+        while (nl := data.find(b"\n", start)) >= 0:
+            if self.line + nl - start > self.max_line:
+                raise OutputTooLarge(self.max_line, "a line of output")
+            self.line, start = 0, nl + 1
+        self.line += len(data) - start
+        if self.line > self.max_line:
+            raise OutputTooLarge(self.max_line, "a line of output")
+
+    def start_stream(self) -> None:
+        self.line = 0  # stderr's lines are not stdout's
 
 
 def _nothing() -> None:
@@ -74,6 +111,8 @@ class SshHost:
         self._last_cpu: Any = None
         self._done = threading.Event()
         self._done.set()
+        self.max_bytes = MAX_POLL_BYTES  # what one poll command may print (stdout and stderr together)
+        self.max_line = MAX_LINE_BYTES  # and in one line
         self.attempts = 0  # connection attempts so far
         self.failure: Failure | None = None  # why the last attempt failed
         self.bastion_failed = False  # whether that was a bastion's failure (named in `failure`)
@@ -189,8 +228,10 @@ class SshHost:
         channel = transport.open_session(timeout=timeout)
         try:
             channel.exec_command(command)
-            out = self._read(channel, deadline, channel.recv)
-            err = self._read(channel, deadline, channel.recv_stderr)
+            budget = _Budget(self.max_bytes, self.max_line)
+            out = self._read(channel, deadline, channel.recv, budget)
+            budget.start_stream()
+            err = self._read(channel, deadline, channel.recv_stderr, budget)
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
                 raise CommandTimeout()
             return channel.recv_exit_status(), out, err
@@ -198,7 +239,9 @@ class SshHost:
             channel.close()
 
     @staticmethod
-    def _read(channel: Any, deadline: float, recv: Callable[[int], bytes]) -> str:
+    def _read(channel: Any, deadline: float, recv: Callable[[int], bytes], budget: _Budget) -> str:
+        """One of the command's streams to its end, within `budget` (OutputTooLarge past it: the
+        caller closes the channel, nothing more of it is read)."""
         chunks: list[bytes] = []
         while True:
             remaining = deadline - time.monotonic()
@@ -211,6 +254,7 @@ class SshHost:
                 raise CommandTimeout() from None
             if not data:
                 return b"".join(chunks).decode("utf-8", errors="replace")
+            budget.take(data)
             chunks.append(data)
 
     def poll_now(self) -> HostSnapshot:
@@ -228,6 +272,9 @@ class SshHost:
             reading = self._read_host()
         except CommandTimeout:
             self.snapshot = self._snap(HostState.ERROR, f"no answer within {self.spec.command_timeout:g} s", start, time.perf_counter() - t0)
+            return self.snapshot
+        except OutputTooLarge as exc:  # the channel is closed; the connection stays for the next poll
+            self.snapshot = self._snap(HostState.ERROR, f"{exc} (not nvidia-smi's answer?)", start, time.perf_counter() - t0)
             return self.snapshot
         except Exception as exc:  # noqa: BLE001 - a lost connection: reconnect with backoff
             self._drop()
