@@ -8,20 +8,31 @@ and driver are in `gputui_gpu_info`; a metric a host does not give has no sample
 
 Units follow Prometheus' conventions: bytes, hertz, watts, celsius, ratios as 0-1 where
 the name says `ratio`, percentages where it says `percent`.
+
+The server answers only to a Host header that names this machine (no DNS rebinding: a web
+page cannot read the metrics through a name it rebinds to 127.0.0.1), and a request must
+arrive whole within READ_TIMEOUT_S (a client that trickles bytes is cut off, not served
+forever by its thread).
 """
 
 from __future__ import annotations
 
+import io
 import re
+import socket
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable, Iterator, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from gputui.alerts import CloudFacts, RunFacts
 from gputui.errors import UserError
 from gputui.model.telemetry import THROTTLE_CODES, HostSnapshot
 
 DEFAULT_ADDRESS = "127.0.0.1"
+READ_TIMEOUT_S = 10.0  # a request's line and headers, all of them, arrive within this
 MIB = 2.0**20
 
 # GpuSample attribute -> (metric name, help, scale)
@@ -204,18 +215,125 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Server:
-    """The HTTP endpoint: /metrics (any path answers) on a daemon thread."""
+def _is_address(name: str) -> bool:
+    import ipaddress
 
-    def __init__(self, state: ExportState, host: str, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header (or an address): no port, no brackets, lower case, no final dot."""
+    text = header.strip().lower()
+    if text.startswith("["):
+        text = text[1:].split("]", 1)[0]
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    return text.rstrip(".")
+
+
+def host_allowed(header: str | None, bound: str, extra: Iterable[str] = ()) -> bool:
+    """Whether a request's Host header names this server, which listens on `bound`.
+
+    DNS rebinding makes a browser send the attacker's own name to this machine, so a name
+    passes only if it can mean nothing but this machine (localhost, *.localhost, a loopback
+    address), is the address bound, or is one of `extra` (--allow-host). On a bind beyond
+    loopback an address literal passes too, as does this machine's host name: a rebound name
+    is neither. A request without Host is no browser's (every browser sends one)."""
+    if header is None:
+        return True
+    name = host_name(header)
+    if not name:
+        return False
+    if is_loopback(name) or name.endswith(".localhost") or name == host_name(bound):
+        return True
+    if name in {host_name(e) for e in extra}:
+        return True
+    return not is_loopback(bound) and (_is_address(name) or name == socket.gethostname().lower())
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads, all of them together within `seconds`: a client that sends a byte
+    now and then (slow loris) is cut off at the deadline, not only one that goes quiet."""
+
+    def __init__(self, sock: socket.socket, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._sock = sock
+        self._seconds = seconds
+        self._clock = clock
+        self._deadline = clock() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - self._clock()
+        if left <= 0:
+            raise TimeoutError(f"the request did not arrive within {self._seconds:g} s")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._seconds)  # for the answer's writes
+
+
+class _Handler(WSGIRequestHandler):
+    """One request; its line and headers within `timeout`, which also bounds each write."""
+
+    timeout = READ_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, float(self.timeout or READ_TIMEOUT_S)))
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True  # too slow, or gone: nothing to answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a scrape is not news."""
+
+
+class _HTTPServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a thread per request, not joined at close
+
+
+class Server:
+    """The HTTP endpoint: /metrics (any path answers) on a daemon thread, for a Host header
+    that names this machine (`host_allowed`; `allow_hosts` adds names)."""
+
+    def __init__(self, state: ExportState, host: str, port: int, allow_hosts: Sequence[str] = (),
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        from prometheus_client import CollectorRegistry, make_wsgi_app
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(Collector(state))  # type: ignore[arg-type]
+        metrics = make_wsgi_app(self.registry)
+        allowed = tuple(allow_hosts)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            if not host_allowed(environ.get("HTTP_HOST"), host, allowed):
+                start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"gputui: this exporter does not answer to that Host name "
+                        b"(gputui monitor --allow-host NAME adds one)\n"]
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+
+        handler = type("Handler", (_Handler,), {"timeout": read_timeout_s})
         try:
-            self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                           flags=socket.AI_PASSIVE)[0]
+            server = type("HTTPServer", (_HTTPServer,), {"address_family": family})
+            self._httpd = server((sockaddr[0], port), handler)
         except OSError as exc:
             raise UserError(f"--serve {host}:{port}: cannot listen there: {exc.strerror or exc}") from None
+        self._httpd.set_app(app)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="gputui-exporter", daemon=True)
+        self._thread.start()
         self.host = host
         self.port = int(self._httpd.server_address[1])
 
@@ -229,7 +347,8 @@ class Server:
         if is_loopback(self.host):
             return f"serving metrics on {self.url} (this machine only; --serve 0.0.0.0:{self.port} to open it)"
         return (f"serving metrics on {self.url}: anyone who can reach {self.host}:{self.port} can read them "
-                "(no authentication; firewall it)")
+                "(no authentication; firewall it); it answers to addresses and this machine's name "
+                "(--allow-host NAME adds a name)")
 
     def close(self) -> None:
         self._httpd.shutdown()

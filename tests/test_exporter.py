@@ -137,7 +137,7 @@ def test_monitor_serve_rejects_once_and_a_bad_address(capsys: pytest.CaptureFixt
 
 def test_gputui_monitor_serve_is_scraped_while_it_polls() -> None:
     argv = [sys.executable, "-m", "gputui", "monitor", "--serve", "0", "--sim", "2", "--sim-gpus", "2", "--json",
-            "--interval", "0.2"]
+            "--interval", "0.2", "--allow-host", "metrics.example"]
     with Child(argv, env=cli_env(), name="gputui monitor --serve") as child:
         first = child.wait_for(lambda e: "hosts" in e, 60, "the first round")
         found = wait_until(lambda: re.search(r"serving metrics on (http://127\.0\.0\.1:\d+/metrics) \(this machine only",
@@ -147,7 +147,121 @@ def test_gputui_monitor_serve_is_scraped_while_it_polls() -> None:
                          "a scrape with GPU metrics")
         assert {dict(k)["host"] for k in got["gputui_gpu_utilization_percent"]} == {h["name"] for h in first["hosts"]}
         assert len(got["gputui_gpu_utilization_percent"]) == 4 and set(got["gputui_host_up"].values()) == {1.0}
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert get(port, f"metrics.example:{port}")[0] == 200 and get(port, f"evil.example:{port}")[0] == 403
         child.proc.terminate()
         assert child.finish(60) == 0, child.stderr
     with pytest.raises(OSError):
         scrape(url)  # closed with the monitor
+
+
+# who may scrape, and how slowly ------------------------------------------------------------------
+def get(port: int, host: str | None) -> tuple[int, bytes]:
+    """GET /metrics on 127.0.0.1:port with this Host header (None: no Host header at all)."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.putrequest("GET", "/metrics", skip_host=True)
+        if host is not None:
+            connection.putheader("Host", host)
+        connection.endheaders()
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+def test_a_foreign_host_name_is_refused_and_loopback_names_answer() -> None:
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 sends
+    `Host: evil.example`; that must not read the metrics."""
+    server = Server(ExportState(), "127.0.0.1", 0)
+    try:
+        port = server.port
+        status, body = get(port, f"evil.example:{port}")
+        assert status == 403 and b"--allow-host" in body and b"gputui_" not in body
+        assert get(port, "10.1.2.3")[0] == 403  # not this loopback server's address
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", "app.localhost", None):
+            status, body = get(port, host)
+            assert status == 200 and b"gputui_last_poll_timestamp_seconds" in body, host
+    finally:
+        server.close()
+
+
+def test_allow_host_and_an_open_bind_answer_to_their_names() -> None:
+    state = ExportState()
+    opened = Server(state, "0.0.0.0", 0)
+    try:
+        assert get(opened.port, f"10.1.2.3:{opened.port}")[0] == 200  # the address a scraper dials
+        assert get(opened.port, f"metrics.example:{opened.port}")[0] == 403
+    finally:
+        opened.close()
+    named = Server(state, "0.0.0.0", 0, allow_hosts=("Metrics.Example",))
+    try:
+        assert get(named.port, f"metrics.example:{named.port}")[0] == 200
+        assert get(named.port, f"evil.example:{named.port}")[0] == 403
+    finally:
+        named.close()
+
+
+@pytest.mark.parametrize(("header", "bound", "extra", "allowed"), [
+    ("localhost:9400", "127.0.0.1", (), True), ("LOCALHOST.", "127.0.0.1", (), True),
+    ("[::1]:9400", "127.0.0.1", (), True), ("a.localhost", "::1", (), True),
+    ("gpubox.lan:9400", "gpubox.lan", (), True),  # the name the user bound
+    ("gpubox.lan", "127.0.0.1", ("gpubox.lan",), True), ("gpubox.lan", "127.0.0.1", (), False),
+    ("192.168.1.5:9400", "0.0.0.0", (), True), ("192.168.1.5:9400", "127.0.0.1", (), False),
+    ("evil.example", "0.0.0.0", (), False), ("", "127.0.0.1", (), False), (None, "127.0.0.1", (), True),
+])
+def test_host_allowed(header: str | None, bound: str, extra: tuple[str, ...], allowed: bool) -> None:
+    from gputui.exporter import host_allowed
+
+    assert host_allowed(header, bound, extra) is allowed
+
+
+def test_a_client_that_never_finishes_its_request_is_cut_off() -> None:
+    """Slow loris: a request line and then nothing. The server closes the connection at its
+    read deadline (without one, the connection and its thread were held for good), and
+    answers others meanwhile."""
+    import socket
+
+    server = Server(ExportState(), "127.0.0.1", 0, read_timeout_s=1.0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n")  # the blank line never comes
+            assert get(server.port, "localhost")[0] == 200
+            try:
+                left = slow.recv(1024)
+            except TimeoutError:
+                raise AssertionError("the server still held the unfinished request after 30 s") from None
+            assert left == b""  # closed, nothing answered
+    finally:
+        server.close()
+
+
+def test_the_deadline_counts_every_read_not_each_one() -> None:
+    """A client that sends a header line now and then, each in time for a per-read timeout,
+    still runs out of time: the deadline is for the whole request."""
+    import io
+    import socket
+
+    from gputui.exporter import DeadlineReader
+
+    now = [100.0]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        reader = io.BufferedReader(DeadlineReader(ours, 5.0, clock=lambda: now[0]))
+        theirs.sendall(b"GET /metrics HTTP/1.1\r\n")
+        assert reader.readline() == b"GET /metrics HTTP/1.1\r\n"
+        now[0] += 4.0
+        theirs.sendall(b"Host: localhost\r\n")
+        assert reader.readline() == b"Host: localhost\r\n"
+        now[0] += 1.5  # 5.5 s since the connection began
+        theirs.sendall(b"X-Slow: 1\r\n")
+        with pytest.raises(TimeoutError, match="within 5 s"):
+            reader.readline()
+
+
+def test_allow_host_without_serve_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["monitor", "--sim", "1", "--allow-host", "gpubox.lan"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gputui: error: --allow-host") and "--serve" in err and err.count("\n") == 1

@@ -51,6 +51,9 @@ def register(sub: Any) -> None:
     p.add_argument("--run", metavar="REF", help="watch this training run (run directory, run id, or last) for the alerts and --serve")
     p.add_argument("--serve", metavar="[HOST:]PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics while polling (HOST default 127.0.0.1)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name --serve answers to (the name Prometheus scrapes it by), besides loopback names, "
+                   "its address and, bound beyond loopback, IP addresses and this machine's name; repeatable")
     p.set_defaults(handler=cmd_monitor)
 
 
@@ -88,6 +91,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         from gputui.exporter import parse_listen
 
         listen = parse_listen(args.serve)
+    elif args.allow_host:
+        raise UserError("--allow-host names a host the --serve endpoint answers to: add --serve [HOST:]PORT")
     watchers = _Watchers(args)
     source = build_source(request_from(args))
     if procs is not None:
@@ -108,7 +113,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
             from gputui.exporter import ExportState, Server
 
             watchers.export = ExportState()
-            server = Server(watchers.export, *listen)
+            server = Server(watchers.export, *listen, allow_hosts=tuple(args.allow_host))
             sys.stderr.write(f"gputui: {server.notice()}\n")
             sys.stderr.flush()
         while True:
