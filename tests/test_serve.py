@@ -2,8 +2,11 @@
 driven over the DevTools protocol with aiohttp's websocket client; the terminal's text is
 read from xterm.js's buffer (the renderer draws on a canvas, so the DOM has no text).
 
-Also: loopback by default, --public and its warning, one-line errors, and the websocket's
-guards against other origins and DNS rebinding (no browser needed for those)."""
+Also: loopback by default, --public and its warning, one-line errors, the token (printed once
+in the URL, traded for a cookie, required by the page and the websocket), the cap on
+sessions, the clamped terminal size, the Host allow-list, a closed session's dashboard
+ending, a page that loads nothing from elsewhere, and the websocket's guards against other
+origins and DNS rebinding (no browser needed for those)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ import asyncio
 import itertools
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -62,13 +67,17 @@ class Serve:
         reader.start()
         reader.join(60)  # it prints the line once it listens, or exits
         first = lines[0] if lines else "(nothing within 60 s)"
-        found = re.search(r"http://[\d.]+:(\d+)", first)
+        found = re.search(r"http://[\d.]+:(\d+)/\?token=([A-Za-z0-9_-]+) ", first)
         if found is None:
             self.stop()
             said = self.proc.stderr.read() if self.proc.stderr else ""
             raise AssertionError(f"gputui serve did not start: {first!r} {said}")
+        self.first_line = first
         self.port = int(found.group(1))
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.token = found.group(2)
+        self.base = f"http://127.0.0.1:{self.port}/"
+        self.url = f"{self.base}?token={self.token}"  # as printed: what a user opens
+        self.cookie = {"Cookie": f"gputui-serve-{self.port}={self.token}"}
 
     def dashboards(self) -> list[psutil.Process]:
         """The dashboards the server runs, one per browser session."""
@@ -367,12 +376,12 @@ def test_the_websocket_refuses_other_origins_and_hosts(tmp_path: Path) -> None:
     serve = Serve(tmp_path / "home")
 
     async def main() -> None:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
             ws_url = f"ws://127.0.0.1:{serve.port}/ws"
             for headers in ({"Origin": "http://evil.example"}, {"Origin": f"http://evil.example:{serve.port}"},
                             {"Host": f"evil.example:{serve.port}", "Origin": f"http://evil.example:{serve.port}"}):
                 with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-                    await session.ws_connect(ws_url, headers=headers)
+                    await session.ws_connect(ws_url, headers={**headers, **serve.cookie})  # with the token, even
                 assert refused.value.status == 403, headers
             async with session.get(serve.url, headers={"Host": f"evil.example:{serve.port}"}) as page:
                 assert page.status == 403
@@ -411,3 +420,345 @@ def test_closing_the_tab_of_a_running_run_quits_its_dashboard(tmp_path: Path) ->
     finally:
         for p in training_processes(home):
             p.kill()
+
+
+# the token, the cap, the size ------------------------------------------------------------------------
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+async def wait_for_text(ws: Any, text: str, timeout: float, what: str) -> None:
+    """Read the session's output until `text` shows in it (escape sequences stripped)."""
+    import aiohttp
+
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while text not in ANSI.sub("", seen):
+        left = deadline - time.monotonic()
+        try:
+            message = await asyncio.wait_for(ws.receive(), max(left, 0.01))
+        except asyncio.TimeoutError:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from None
+        if message.type == aiohttp.WSMsgType.BINARY:
+            seen += message.data.decode("utf-8", "replace")
+        elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+            raise AssertionError(f"the websocket closed while waiting for {what}")
+
+
+def wait_for_dashboards(serve: Serve, count: int, timeout: float, what: str) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while len(found := serve.dashboards()) != count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}: {len(found)} dashboard(s)")
+        time.sleep(0.1)
+    return found
+
+
+def served(serve: Serve, main: Callable[[], Awaitable[None]]) -> None:
+    try:
+        asyncio.run(main())
+    finally:
+        left = serve.stop()
+    assert left == [], f"left running after gputui serve got SIGTERM: {left}"
+
+
+def test_without_the_token_nothing_opens_and_no_dashboard_starts(tmp_path: Path) -> None:
+    """A script or another local user sends no Origin: before the token, it got the websocket and
+    drove a dashboard. Now: no token, or a wrong one (in the URL or the cookie), is a 403."""
+    import aiohttp
+
+    serve = Serve(tmp_path / "home")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = f"ws://127.0.0.1:{serve.port}/ws?width=80&height=24"
+            wrong = {"Cookie": f"gputui-serve-{serve.port}={serve.token[:-1]}x"}
+            for url, headers in ((ws, {}), (f"{ws}&token=", {}), (f"{ws}&token={serve.token[:-1]}", {}), (ws, wrong),
+                                 (f"{ws}&token=x", serve.cookie)):  # a token given is the one checked
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await session.ws_connect(url, headers=headers)
+                assert refused.value.status == 403, (url, headers)
+            for url, headers in ((serve.base, {}), (f"{serve.base}?token=nope", {}), (serve.base, wrong)):
+                async with session.get(url, headers=headers, allow_redirects=False) as page:
+                    assert page.status == 403 and "token" in await page.text()
+            assert psutil.Process(serve.proc.pid).children(recursive=True) == [], "a refused request started a process"
+
+    served(serve, main)
+
+
+def test_the_token_url_trades_the_token_for_a_cookie_and_drops_it_from_the_address(tmp_path: Path) -> None:
+    import aiohttp
+
+    serve = Serve(tmp_path / "home")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+            async with session.get(f"{serve.url}&fontsize=20", allow_redirects=False) as moved:
+                assert moved.status == 303 and moved.headers["Location"] == "/?fontsize=20"
+                cookie = moved.headers["Set-Cookie"]
+                assert cookie.startswith(f"gputui-serve-{serve.port}={serve.token};"), cookie
+                assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+            async with session.get(f"{serve.base}?fontsize=20", allow_redirects=False) as page:  # the cookie alone
+                assert page.status == 200 and 'data-font-size="20"' in await page.text()
+                assert serve.token not in await page.text()
+
+    served(serve, main)
+
+
+def test_with_the_token_a_websocket_drives_a_dashboard_that_never_sees_it(tmp_path: Path) -> None:
+    """The cookie (a browser) or ?token= (a script) opens a session whose keys act. The token is
+    nowhere but the one URL line: not in the dashboard's command line or environment, not on
+    stderr."""
+    import aiohttp
+
+    serve = Serve(tmp_path / "home")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = f"ws://127.0.0.1:{serve.port}/ws?width=120&height=40"
+            by_cookie = await session.ws_connect(ws, headers=serve.cookie, max_msg_size=0)
+            by_query = await session.ws_connect(f"{ws}&token={serve.token}", max_msg_size=0)
+            for session_ws in (by_cookie, by_query):
+                await wait_for_text(session_ws, "Hosts & GPUs", 90, "the dashboard's first frame")
+            await by_query.send_json(["stdin", "?"])
+            await wait_for_text(by_query, "Start the profile's training run", 60, "the help screen, after ?")
+            tree = psutil.Process(serve.proc.pid).children(recursive=True)
+            assert len(serve.dashboards()) == 2
+            for proc in tree:
+                seen = " ".join(proc.cmdline()) + " ".join(f"{k}={v}" for k, v in proc.environ().items())
+                assert serve.token not in seen, proc.cmdline()
+            await by_cookie.close()
+            await by_query.close()
+
+    served(serve, main)
+    assert serve.proc.stdout is not None and serve.proc.stderr is not None
+    said = serve.first_line + serve.proc.stdout.read()
+    assert said.count(serve.token) == 1 and serve.token not in serve.proc.stderr.read()
+
+
+def test_sessions_over_the_cap_are_refused(tmp_path: Path) -> None:
+    import aiohttp
+
+    serve = Serve(tmp_path / "home", "--max-sessions", "1")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = f"ws://127.0.0.1:{serve.port}/ws?width=80&height=24"
+            first = await session.ws_connect(ws, headers=serve.cookie, max_msg_size=0)
+            await wait_for_text(first, "Hosts & GPUs", 90, "the first session's dashboard")
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await session.ws_connect(ws, headers=serve.cookie)
+            assert refused.value.status == 503
+            assert len(serve.dashboards()) == 1
+            await first.close()
+            wait_for_dashboards(serve, 0, 60, "the first session's dashboard to quit")
+            second = await session.ws_connect(ws, headers=serve.cookie, max_msg_size=0)  # its place is free again
+            await wait_for_text(second, "Hosts & GPUs", 90, "the second session's dashboard")
+            await second.close()
+
+    served(serve, main)
+
+
+def test_a_huge_terminal_is_clamped(tmp_path: Path) -> None:
+    """3000x1500 kept a 130 MB dashboard; the size a session asks for is held to 500x200."""
+    import aiohttp
+
+    serve = Serve(tmp_path / "home")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(f"ws://127.0.0.1:{serve.port}/ws?width=3000&height=1500",
+                                          headers=serve.cookie, max_msg_size=0)
+            [dashboard] = wait_for_dashboards(serve, 1, 60, "the session's dashboard")
+            size = {k: v for k, v in dashboard.environ().items() if k in ("COLUMNS", "ROWS")}
+            assert size == {"COLUMNS": "500", "ROWS": "200"}
+            await ws.close()
+
+    served(serve, main)
+
+
+def test_a_resize_is_clamped_and_a_malformed_message_dropped() -> None:
+    from gputui.ui.web import Guard, make_server
+
+    class Message:
+        def __init__(self, data: str) -> None:
+            import aiohttp
+
+            self.type = aiohttp.WSMsgType.TEXT
+            self.data = data
+
+    class Socket:
+        def __init__(self, *data: str) -> None:
+            self.messages = [Message(d) for d in data]
+
+        def __aiter__(self) -> Any:
+            return self
+
+        async def __anext__(self) -> Message:
+            if not self.messages:
+                raise StopAsyncIteration
+            return self.messages.pop(0)
+
+    class Service:
+        def __init__(self) -> None:
+            self.sizes: list[tuple[int, int]] = []
+            self.sent: list[bytes] = []
+
+        async def set_terminal_size(self, width: int, height: int) -> None:
+            self.sizes.append((width, height))
+
+        async def send_bytes(self, data: bytes) -> None:
+            self.sent.append(data)
+
+    server = make_server("true", Guard("t" * 43, "127.0.0.1"), 1.0)
+    service = Service()
+    messages = ['["resize", {"width": 3000, "height": 1500}]', '["resize", {"width": 1, "height": -5}]',
+                '["resize", {"width": "x", "height": 1e400}]', "not json", '{"a": 1}', "[]", '["stdin", 5]',
+                '["resize", 7]', '["stdin", "q"]']
+    asyncio.run(server._process_messages(Socket(*messages), service))
+    assert service.sizes == [(500, 200), (40, 10), (80, 24)]
+    assert service.sent == [b"q"]
+
+
+def test_a_huge_sessions_dashboard_ends_when_its_socket_closes(tmp_path: Path) -> None:
+    """A 3000x1500 session's dashboard lived on over 60 s (130 MB) after its socket closed."""
+    import aiohttp
+
+    serve = Serve(tmp_path / "home")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(f"ws://127.0.0.1:{serve.port}/ws?width=3000&height=1500",
+                                          headers=serve.cookie, max_msg_size=0)
+            await wait_for_text(ws, "Hosts & GPUs", 90, "the dashboard's first frame")
+            await ws.close()
+        wait_for_dashboards(serve, 0, 45, "the closed session's dashboard to quit")
+
+    served(serve, main)
+
+
+def test_public_answers_only_to_host_names_it_knows(tmp_path: Path) -> None:
+    """DNS rebinding with --public: the page and the websocket under a foreign Host name are
+    refused, token or not, unless --allow-host names it; an address is no rebound name."""
+    import aiohttp
+
+    async def check(serve: Serve, foreign_ok: bool) -> None:
+        async with aiohttp.ClientSession() as session:
+            for host, ok in ((f"evil.example:{serve.port}", foreign_ok), (f"EVIL.example.:{serve.port}", foreign_ok),
+                             (f"localhost:{serve.port}", True), (f"10.1.2.3:{serve.port}", True)):
+                async with session.get(serve.base, headers={"Host": host, **serve.cookie}) as page:
+                    assert page.status == (200 if ok else 403), host
+                if not ok:
+                    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                        await session.ws_connect(f"ws://127.0.0.1:{serve.port}/ws", headers={"Host": host, **serve.cookie})
+                    assert refused.value.status == 403
+            assert serve.dashboards() == []
+
+    for flags, foreign_ok in (((), False), (("--allow-host", "evil.example"), True)):
+        serve = Serve(tmp_path / "home", "--public", *flags)
+        served(serve, lambda: check(serve, foreign_ok))
+
+
+def test_the_page_loads_nothing_from_elsewhere(tmp_path: Path) -> None:
+    """textual-serve's page asked fonts.googleapis.com for its font; every stylesheet, script,
+    image and font now comes from this server."""
+    import aiohttp
+
+    serve = Serve(tmp_path / "home")
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(serve.base, headers=serve.cookie) as page:
+                html = await page.text()
+            wanted = re.findall(r"""(?:href|src)\s*=\s*["']([^"']+)|url\(\s*["']?([^"')]+)""", html)
+            urls = [a or b for a, b in wanted]
+            assert any("RobotoMono" in u for u in urls) and any(u.endswith("textual.js") for u in urls), urls
+            for url in urls:
+                assert not re.match(r"(?:https?:)?//", url) or url.startswith(f"http://127.0.0.1:{serve.port}/"), url
+                async with session.get(url if url.startswith("http") else serve.base.rstrip("/") + url,
+                                       headers=serve.cookie) as asset:
+                    assert asset.status == 200, url
+
+    served(serve, main)
+
+
+def test_the_tunnel_hint_is_a_command_ssh_takes(tmp_path: Path) -> None:
+    """The hint names the user and this machine and the port bound: `ssh -G` (which parses a
+    command line and connects nowhere) takes it as written."""
+    serve = Serve(tmp_path / "home")
+    try:
+        assert serve.proc.stdout is not None
+        hint = serve.proc.stdout.readline()
+    finally:
+        serve.stop()
+    command = re.search(r"`([^`]+)`", hint)
+    assert command is not None and command.group(1).startswith("ssh "), hint
+    argv = shlex.split(command.group(1))
+    assert argv[-1].endswith("@" + socket.gethostname())
+    parsed = subprocess.run(["ssh", "-G", *argv[1:]], capture_output=True, text=True, timeout=30)
+    assert parsed.returncode == 0, parsed.stderr
+    assert f"localforward {serve.port} [127.0.0.1]:{serve.port}" in parsed.stdout.lower()
+
+
+FLOODING_APP = """
+import os, sys, threading
+out = sys.stdout.buffer.fileno()
+open(sys.argv[1], "w").write(str(os.getpid()))
+def packet(kind, payload):
+    return kind + len(payload).to_bytes(4, "big") + payload
+quit, go = threading.Event(), threading.Event()
+def read():
+    while True:
+        head = sys.stdin.buffer.read(5)
+        if len(head) < 5:
+            return
+        body = sys.stdin.buffer.read(int.from_bytes(head[1:], "big"))
+        if head[:1] == b"M" and b'"quit"' in body:
+            quit.set()
+        if head[:1] == b"D" and body == b"go":
+            go.set()
+threading.Thread(target=read, daemon=True).start()
+os.write(out, b"__GANGLION__\\n" + packet(b"D", b"ready"))
+go.wait()
+frame = packet(b"D", b"x" * (4 << 20))  # a big screen's frame
+while not quit.is_set():  # drawing, until it reads the quit
+    os.write(out, frame)
+os.write(out, frame)  # and on its way out, a last frame (what it had queued, the screen restored)
+"""
+
+
+def test_a_closed_sessions_dashboard_is_read_until_it_quits(tmp_path: Path) -> None:
+    """textual-serve stops reading a dashboard's output at its first write to a closed socket;
+    a dashboard that still writes (a big last frame) then blocks on the full pipe for good. A
+    stand-in dashboard draws 4 MB frames until it reads the quit, and one more after: the
+    session reads it all, and it ends."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from gputui.ui.web import Guard, make_server
+
+    script, pid_file = tmp_path / "flood.py", tmp_path / "pid"
+    script.write_text(FLOODING_APP)
+    token = "t" * 43
+    server = make_server(shlex.join([sys.executable, str(script), str(pid_file)]), Guard(token, "127.0.0.1"), 300.0)
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    async def main() -> None:
+        async with TestServer(await server._make_app(), host="127.0.0.1") as site:
+            async with aiohttp.ClientSession() as session:
+                ws = await session.ws_connect(site.make_url(f"/ws?token={token}"), max_msg_size=0)
+                assert (await asyncio.wait_for(ws.receive(), 60)).data == b"ready"
+                await ws.send_json(["stdin", "go"])
+                await asyncio.wait_for(ws.receive(), 60)  # it is flooding
+                await ws.close()
+            pid = int(pid_file.read_text())
+            deadline = time.monotonic() + 30
+            while alive(pid):
+                assert time.monotonic() < deadline, "the closed session's dashboard lived on 30 s (blocked on its pipe)"
+                await asyncio.sleep(0.1)
+
+    asyncio.run(main())
