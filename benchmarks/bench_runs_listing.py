@@ -1,8 +1,8 @@
-"""`gputui runs` over a run of a million steps (a 141 MB events.jsonl): the whole-file read it
+"""`gputui runs` over a run of a million steps (a 168 MB events.jsonl): the whole-file read it
 did before against the streamed digest and its cached summary (gputui.summaries).
 
 Writes a run directory with one start event, 1,000,000 step events shaped like the trainer's
-(~141 bytes a line, as the log in the finding), an epoch event every 100,000 steps and a done
+(~168 bytes a line: a little more than the 141 MB log of the finding), an epoch event every 100,000 steps and a done
 event, then measures, each in a fresh process (wall time and the process's peak RSS):
 - before: the events read whole (`Path.read_text`, every line parsed into one list, as
   `runs.read_events` does) and summarised from that list: what every listing cost;
