@@ -8,6 +8,7 @@ store: the payload (it makes a directory) never runs, and the run finishes."""
 from __future__ import annotations
 
 import base64
+import io
 import os
 import pickle
 import sys
@@ -37,6 +38,11 @@ class Payload:
         return os.mkdir, (str(self.marker),)
 
 
+def state(marker: Path) -> bytes:
+    """The payload as torch's c10d rendezvous backend keeps its state: a pickle, base64."""
+    return base64.b64encode(pickle.dumps(Payload(marker)))
+
+
 def rendezvous_of(*markers: str) -> set[tuple[str, str]]:
     """(endpoint, run id) of every process naming one of `markers`, read as any account reads `ps`."""
     found = set()
@@ -56,12 +62,12 @@ def plant(marker: Path, *markers: str) -> set[tuple[str, str]]:
 
     targets = rendezvous_of(*markers)
     assert targets, f"no process of the run names a rendezvous ({markers})"
-    state = base64.b64encode(pickle.dumps(Payload(marker)))
+    planted = state(marker)
     for endpoint, run_id in targets:
         host, port = endpoint.rsplit(":", 1)
         store = tdist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
-        store.set(f"torch.rendezvous.{run_id}", state)  # what dynamic_rendezvous.py would unpickle
-        store.set(run_id, state)
+        store.set(f"torch.rendezvous.{run_id}", planted)  # what dynamic_rendezvous.py would unpickle
+        store.set(run_id, planted)
     return targets
 
 

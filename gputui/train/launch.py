@@ -4,7 +4,7 @@
         --rdzv-id=ID --rdzv-conf=rank=R,timeout=S ... -m MODULE ARGS
 
 torchrun's c10d rendezvous (dynamic_rendezvous.py) keeps its state in the store as a pickle and
-reads it back with `pickle.loads`, and any account on a node can connect to the store: whoever
+unpickles what it reads back, and any account on a node can connect to the store: whoever
 writes that key runs code as the training user. gputui does not need an elastic rendezvous: it
 restarts a cluster's attempts itself, each with a fixed set of nodes whose ranks the master
 gives. So this launcher registers a static handler (`BACKEND`) before torchrun's own `main`:
