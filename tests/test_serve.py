@@ -551,7 +551,14 @@ def test_sessions_over_the_cap_are_refused(tmp_path: Path) -> None:
             assert len(serve.dashboards()) == 1
             await first.close()
             wait_for_dashboards(serve, 0, 60, "the first session's dashboard to quit")
-            second = await session.ws_connect(ws, headers=serve.cookie, max_msg_size=0)  # its place is free again
+            deadline = time.monotonic() + 30  # its place is free once the server has reaped it, just after
+            while True:
+                try:
+                    second = await session.ws_connect(ws, headers=serve.cookie, max_msg_size=0)
+                    break
+                except aiohttp.WSServerHandshakeError as still:
+                    assert still.status == 503 and time.monotonic() < deadline, "the first session's place stayed taken"
+                    await asyncio.sleep(0.1)
             await wait_for_text(second, "Hosts & GPUs", 90, "the second session's dashboard")
             await second.close()
 
