@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence, TextIO
 from gputui import runs, units
 from gputui.errors import UserError
 from gputui.paths import user_opener
-from gputui.events import finite
+from gputui.model.outside import number as _num  # a finite float or None: an event file is data
 
 X_AXES = ("step", "epoch", "samples", "time")
 X_LABELS = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "training time"}
@@ -60,12 +60,6 @@ class Point:
 
 _FIELD = {"step": "step", "epoch": "epoch", "samples": "samples", "time": "time_s"}
 _INDEX = {name: index for index, name in enumerate(SERIES)}
-
-
-def _num(value: Any) -> float | None:
-    """A finite number as a float, else None (text, NaN, a bool: an event file is data)."""
-    number = finite(value)  # an integer too large for a float is none either
-    return None if number is None else float(number)
 
 
 def _int(value: Any) -> int | None:

@@ -14,6 +14,8 @@ import math
 import time
 from typing import Any, Mapping
 
+from gputui.model.outside import MAX_INT, finite  # noqa: F401 - the one home of both; re-exported
+
 # Kinds of field values: "int", "num" (int or float), "str", "bool", "list", "any".
 _RUN = {"run_id": "str", "run_dir": "str", "nonce": "str"}
 _POSITION = {"epoch": "int", "step": "int", "elapsed_s": "num"}
@@ -100,24 +102,6 @@ def make(name: str, /, **fields: Any) -> dict[str, Any]:
         if isinstance(value, float) and not math.isfinite(value):
             raise NonFinite(f"event {name!r} field {key!r} is {value}")
     return {"event": name, "time": round(time.time(), 3), **fields}
-
-
-MAX_INT = 2**63  # a received integer past this is not a count of anything (and no float holds it)
-
-
-def finite(value: Any) -> int | float | None:
-    """A received number as it is if it is finite, else None: text, a bool, NaN, an infinity, or
-    an integer too large to be a step or a count (JSON has no bound; `float()` of one overflows)."""
-    kind = type(value)
-    if kind is float:  # what JSON gives: checked first, this runs for every number of every event
-        return value if value - value == 0.0 else None  # NaN and the infinities give NaN
-    if kind is int:
-        return value if -MAX_INT < value < MAX_INT else None
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if -MAX_INT < value < MAX_INT else None
-    return None
 
 
 _NUMBER_KEYS = {name: tuple(k for k, kind in spec.items() if kind in ("int", "num")) for name, spec in SPEC.items()}

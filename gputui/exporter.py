@@ -29,6 +29,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from gputui.alerts import CloudFacts, RunFacts
 from gputui.errors import UserError
+from gputui.model.outside import finite
 from gputui.model.telemetry import THROTTLE_CODES, HostSnapshot
 
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -123,14 +124,14 @@ class Collector:
             state.add_metric([host.name, host.state.value], 1.0)
             for attr, name, _, scale in HOST_GAUGES:
                 value = getattr(host, attr)
-                if _finite(value):
+                if finite(value) is not None:
                     hosts[name].add_metric([host.name], float(value) * scale)
             for gpu in host.gpus:
                 labels = [host.name, str(gpu.index)]
                 info.add_metric(labels + [gpu.name or "", gpu.uuid or "", host.driver or ""], 1.0)
                 for attr, name, _, scale in GPU_GAUGES:
                     value = getattr(gpu, attr)
-                    if _finite(value):
+                    if finite(value) is not None:
                         gpus[name].add_metric(labels, float(value) * scale)
                 p = _pstate(gpu.pstate)
                 if p is not None:
@@ -161,7 +162,7 @@ class Collector:
             ("gputui_cloud_budget_used_ratio", "Spent plus committed over the budget", cloud.fraction),
         ):
             family = gauge(name, doc, ("cluster",))
-            if _finite(value):
+            if finite(value) is not None:
                 family.add_metric([cloud.cluster], float(value))
             yield family
 
@@ -178,13 +179,9 @@ class Collector:
             ("gputui_run_last_step_timestamp_seconds", "When the run's last step event was written", run.last_step),
         ):
             family = gauge(name, doc, ("run_id",))
-            if _finite(value):
+            if finite(value) is not None:
                 family.add_metric([run.run_id], float(value))
             yield family
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
 
 
 def _pstate(text: str | None) -> float | None:

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator, TextIO
 from gputui import runs, summaries
 from gputui.errors import GputuiError, UserError
 from gputui.events import typed
+from gputui.model.outside import finite as _num  # the one helper for a number read from a file
 from gputui.paths import runs_home
 
 STATES = ("done", "interrupted", "failed", "running", "stopped")
@@ -291,10 +292,6 @@ def _profile(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return {}
     return table if isinstance(table, dict) else {}
-
-
-def _num(value: Any) -> Any:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _int(value: Any) -> int | None:

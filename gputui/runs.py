@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from gputui.errors import GputuiError, UserError
+from gputui.model import outside
 from gputui.paths import private_dir, private_opener, runs_home
 
 PROFILE = "profile.toml"
 EVENTS = "events.jsonl"
 CHECKPOINT = "ckpt.pt"
-PIDFILE = "run.pid"  # line 1 the pid, line 2 its start time (/proc ticks), line 3 the profile it was started from
 # The networks gputui trains checkpoint in well under a megabyte; a file far larger than any of
 # them is not one: refused before it is read (gputui.train.checkpoint) and never copied past it
 # from a slave or a sweep host (gputui.cluster.sshnode.get counts the bytes as they come).
 MAX_CHECKPOINT = 64 << 20
+PIDFILE = "run.pid"  # line 1 the pid, line 2 its start time (/proc ticks), line 3 the profile it was started from
 STDERR = "stderr.log"  # a run started by the dashboard writes its stderr here (it may outlive the dashboard)
 
 
@@ -286,13 +287,13 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     """All complete events of a run (a torn last line is ignored)."""
     out = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8", errors="replace")  # a bad byte costs a character, not the run
     except FileNotFoundError:
         return []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            out.append(outside.parse_object(line))  # data: a hostile line (deep, huge, not JSON) is refused
+        except outside.Refused:
             continue
     return out
 
@@ -339,20 +340,14 @@ class EventLines:
         self.tail = lines.finish() or b""
 
 
-_DECODER = json.JSONDecoder()
-
-
 def parse_event(line: bytes) -> dict[str, Any] | None:
     """One line of an events file as an event, or None for a line that is not one JSON object
-    (torn by a crash, or not ours). Bytes that are not UTF-8 are replaced, not fatal."""
-    text = line.decode("utf-8", errors="replace").strip(" \t\r\n")
-    if not text:
-        return None
+    (torn by a crash, not ours, or hostile: gputui.model.outside, the one parser of outside
+    lines). Bytes that are not UTF-8 are replaced, not fatal."""
     try:
-        event, end = _DECODER.raw_decode(text)
-    except (json.JSONDecodeError, RecursionError):
+        return outside.parse_object(line)
+    except outside.Refused:
         return None
-    return event if end == len(text) and isinstance(event, dict) else None
 
 
 def iter_events(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:

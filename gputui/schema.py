@@ -7,13 +7,13 @@ the key and what was expected.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gputui.errors import UserError
+from gputui.model.outside import number
 
 
 def _bound(value: float) -> str:
@@ -72,11 +72,10 @@ class Field:
                 raise ValueError(self.expected())
             self._check_range(value)
         elif kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            found = number(value)  # a finite number (an integer too large for a float is not)
+            if found is None:
                 raise ValueError(self.expected())
-            value = float(value)
-            if not math.isfinite(value):
-                raise ValueError(self.expected())
+            value = found
             self._check_range(value)
         elif kind == "str":
             if not isinstance(value, str):

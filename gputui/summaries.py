@@ -24,15 +24,12 @@ from typing import Any, Iterable, Mapping
 
 from gputui import runs
 from gputui.events import ENDS, typed
+from gputui.model.outside import finite as _num  # the one helper for a number read from a file
 
 SUMMARY = "summary.json"
 FORMAT = 1
 _CHECK_BYTES = 64  # the bytes before the cached offset, kept to tell a grown file from a rewritten one
 _EVAL_KINDS = ("eval", "epoch", "done")
-
-
-def _num(value: Any) -> float | int | None:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _int(value: Any) -> int | None:

@@ -19,16 +19,10 @@ from __future__ import annotations
 
 import math
 
+from gputui.model.outside import number as _num  # a finite float, or None (None, NaN, bools, text)
+
 NA = "n/a"
 MIB_PER_GIB = 1024.0
-
-
-def _num(value: float | int | None) -> float | None:
-    """The value as a finite float, or None (None, NaN, infinities, booleans, non-numbers)."""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def _gib_number(gib: float) -> str:

@@ -5,7 +5,6 @@ changes anything.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any, Callable
 
 from gputui.alerts import CloudFacts, RunFacts
 from gputui.errors import UserError
-from gputui.events import finite
+from gputui.model.outside import Refused, number, parse_object
 from gputui.model.text import clean
 
 ENDS = ("done", "interrupted", "error")
@@ -38,14 +37,6 @@ def find_run(ref: str, home: Path | None = None) -> Path:
         raise
 
 
-def _number(value: Any) -> float | None:
-    """A number from an event as a float (NaN and infinities kept: the NaN alert looks for them);
-    text, a bool or an integer no float holds is None."""
-    if isinstance(value, float):
-        return value
-    return None if finite(value) is None else float(value)
-
-
 class RunWatch:
     """Follows one run's events.jsonl: each `poll()` reads the lines added since the last."""
 
@@ -67,11 +58,10 @@ class RunWatch:
         self._partial = lines.pop()  # a line still being written
         for line in lines:
             try:
-                event = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+                event = parse_object(line)  # bytes decoded with errors="replace"; hostile lines refused
+            except Refused:
                 continue
-            if isinstance(event, dict):
-                self.facts = fold(self.facts, event)
+            self.facts = fold(self.facts, event)
         return self.facts
 
 
@@ -80,7 +70,7 @@ def fold(facts: RunFacts, event: dict[str, Any]) -> RunFacts:
     from dataclasses import replace
 
     kind = event.get("event")
-    when = _number(event.get("time"))
+    when = number(event.get("time"))
     if kind == "start":
         run_id = clean(str(event.get("run_id") or ""), 80) or None
         same = run_id == facts.run_id and event.get("resumed_from_step") is not None
@@ -93,10 +83,10 @@ def fold(facts: RunFacts, event: dict[str, Any]) -> RunFacts:
         return replace(facts, last_step=when if when is not None else time.time(),
                        step=step if isinstance(step, int) else facts.step,
                        loss=_or(loss, facts.loss),
-                       samples_per_s=_finite(event.get("samples_per_s"), facts.samples_per_s),
+                       samples_per_s=_or(number(event.get("samples_per_s")), facts.samples_per_s),
                        non_finite=bad or facts.non_finite)
     if kind in ("eval", "epoch"):
-        return replace(facts, test_acc=_finite(event.get("test_acc"), facts.test_acc))
+        return replace(facts, test_acc=_or(number(event.get("test_acc")), facts.test_acc))
     if kind in ENDS:
         reason = clean(str(event.get("reason") or ""), 40).lower()
         said = clean(str(event.get("message") or ""), 400).lower()
@@ -118,13 +108,13 @@ def fold_all(facts: RunFacts, events: list[dict[str, Any]]) -> RunFacts:
         if not steps:
             return facts
         last = steps[-1]
-        when = _number(last.get("time"))
+        when = number(last.get("time"))
         step, loss, rate, bad = facts.step, facts.loss, facts.samples_per_s, facts.non_finite
         for event in steps:
             step = event.get("step") if isinstance(event.get("step"), int) else step
             value, said = _step_loss(event)
             loss, bad = _or(value, loss), said or bad
-            rate = _finite(event.get("samples_per_s"), rate)
+            rate = _or(number(event.get("samples_per_s")), rate)
         steps.clear()
         return replace(facts, last_step=when if when is not None else time.time(), step=step, loss=loss,
                        samples_per_s=rate, non_finite=bad)
@@ -141,9 +131,9 @@ def _step_loss(event: dict[str, Any]) -> tuple[float | None, str | None]:
     """A step event's loss if it is a finite number, and what to say when it is NaN or infinite
     (as a number, or as text such as "nan")."""
     raw = event.get("loss")
-    loss = _number(raw)
-    if loss is not None and not math.isfinite(loss):
-        return None, f"{loss} at step {event.get('step')}"
+    if isinstance(raw, float) and not math.isfinite(raw):  # NaN and the infinities: what the alert looks for
+        return None, f"{raw} at step {event.get('step')}"
+    loss = number(raw)
     if isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
         return None, f"{clean(raw, 20)} at step {event.get('step')}"
     return loss, None
@@ -152,10 +142,6 @@ def _step_loss(event: dict[str, Any]) -> tuple[float | None, str | None]:
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
-
-def _finite(value: Any, default: float | None) -> float | None:
-    number = _number(value)
-    return number if number is not None and math.isfinite(number) else default
 
 
 class CloudWatch:

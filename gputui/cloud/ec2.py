@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import os
 import time
 import uuid
@@ -23,6 +22,7 @@ from gputui.cloud.provider import QUOTA_ERRORS, ZONE_ERRORS, CapacityError, Laun
 from gputui.cloud.redact import redact
 from gputui.cloud.userdata import user_data
 from gputui.errors import GputuiError, UserError
+from gputui.model import outside
 from gputui.model.cloud import InstanceInfo
 
 CREDENTIAL_CODES = frozenset({
@@ -119,7 +119,12 @@ def parse_on_demand(price_list: Sequence[Any]) -> float | None:
     """
     found: list[tuple[bool, float]] = []
     for item in price_list:
-        product = json.loads(item) if isinstance(item, str) else item
+        try:  # the Pricing API's answer is data: a line that is not a JSON object is skipped
+            product = outside.parse(item, max_chars=len(item)) if isinstance(item, str) else item
+        except outside.Refused:
+            continue
+        if not isinstance(product, dict):
+            continue
         attributes = (product.get("product") or {}).get("attributes") or {}
         plain = attributes.get("operation", "RunInstances") == "RunInstances"
         for term in ((product.get("terms") or {}).get("OnDemand") or {}).values():

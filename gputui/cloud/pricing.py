@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from gputui.cloud.redact import redact
 from gputui.model.cloud import PriceQuote
+from gputui.model.outside import number
 
 # On-demand Linux list prices in $/h, us-east-1, as published by AWS on this date: the
 # fallback when the Pricing API cannot be asked. Other regions differ by roughly 0-30%.
@@ -175,9 +176,8 @@ def price_cache_path() -> Path:
 
 def _positive(value: object) -> float | None:
     """A finite number > 0 from JSON, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        return None
-    return float(value)
+    found = number(value)
+    return found if found is not None and found > 0 else None
 
 
 def _read_cache(path: Path) -> dict[str, dict[str, tuple[float, float]]]:

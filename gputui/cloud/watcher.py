@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gputui.model import outside
 from gputui.paths import data_home
 
 IMDS_URL = "http://169.254.169.254"
@@ -73,8 +74,8 @@ class Imds:
         if text is None:
             return None
         try:
-            notice = json.loads(text)
-        except json.JSONDecodeError:
+            notice = outside.parse(text)  # the metadata service's answer is data
+        except outside.Refused:
             return {"action": "unknown", "raw": text[:200]}
         return notice if isinstance(notice, dict) else {"action": str(notice)}
 

@@ -23,6 +23,7 @@ from gputui import __version__
 from gputui.cluster.sshnode import SlaveConnection, quote_path, sh
 from gputui.cluster.wheel import Wheel
 from gputui.errors import GputuiError, UserError
+from gputui.model import outside
 from gputui.train.data import STEMS, find_file
 
 MARKER = "marker.json"
@@ -218,9 +219,9 @@ class Bootstrapper:
         marker: dict[str, Any] = {}
         if "@@novenv" not in rest:
             try:
-                loaded = json.loads(rest.strip() or "{}")
+                loaded = outside.parse(rest.strip() or "{}")  # a slave's answer is data
                 marker = loaded if isinstance(loaded, dict) else {}
-            except json.JSONDecodeError:
+            except outside.Refused:
                 marker = {}
         return base, marker
 
@@ -229,8 +230,8 @@ class Bootstrapper:
                   "else echo '{}'; fi")
         out = conn.check(script, what=f"checking {self.python}")
         try:
-            found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-        except json.JSONDecodeError:
+            found = outside.parse(out.strip().splitlines()[-1]) if out.strip() else {}
+        except outside.Refused:
             raise GputuiError(f"slave {conn.name}: `{self.python}` gave an unexpected answer: {out.strip()[-200:]}") from None
         return found if isinstance(found, dict) else {}
 
@@ -286,5 +287,10 @@ class Bootstrapper:
     def _remote_md5(self, conn: SlaveConnection, paths: list[str]) -> dict[str, str]:
         out = conn.check(sh(self.python, "-c", _MD5, *paths),
                          timeout=120, what="checking the dataset's md5 sums")
-        found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        try:
+            found = outside.parse(out.strip().splitlines()[-1]) if out.strip() else {}
+        except outside.Refused as exc:
+            raise GputuiError(f"slave {conn.name}: the dataset's md5 check gave an unexpected answer ({exc})") from None
+        if not isinstance(found, dict):
+            raise GputuiError(f"slave {conn.name}: the dataset's md5 check gave an unexpected answer")
         return {str(k): str(v) for k, v in found.items()}

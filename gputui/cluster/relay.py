@@ -9,7 +9,6 @@ from the newest any node holds).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from gputui.cluster.context import RunContext
 from gputui.cluster.members import Node
 from gputui.cluster.node import NODE_TAG
 from gputui.cluster.worker import EVENT_TAG
+from gputui.model import outside
 from gputui.model.text import clean, clean_tree
 
 FETCH_AT = ("epoch", "interrupted", "done")
@@ -33,6 +33,7 @@ class Relay:
         self.lost_at: int | None = None  # the step seen when a node was lost, until the group resumes
         self.rank0: str | None = None  # the node rank 0 runs on (its checkpoint is fetched)
         self.started = False  # this attempt's trainers emitted `start`
+        self.tallies: dict[str, outside.Tally] = {}  # node -> the event lines it sent that were not taken
 
     @property
     def last_kind(self) -> str | None:
@@ -48,12 +49,13 @@ class Relay:
     def line(self, node: Node, text: str) -> None:
         """One line of a node's output: an event of rank 0's, the node supervisor's, or log text."""
         if text.startswith(EVENT_TAG):
-            try:
-                event = clean_tree(json.loads(text[len(EVENT_TAG):]))  # a slave's words are data
-            except json.JSONDecodeError:
-                return
-            if isinstance(event, dict) and isinstance(event.get("event"), str):
-                self.relay(events.typed(event))
+            tally = self.tallies.setdefault(node.name, outside.Tally(f"slave {node.name}"))
+            event = tally.line(text[len(EVENT_TAG):])  # a slave's words are data: hostile lines refused
+            warning = tally.warning()  # its first bad line is said once; a flood is only counted
+            if warning is not None:
+                self.ctx.emit("warning", node=node.name, reason="bad_line", message=clean(warning, 300))
+            if event is not None and isinstance(event.get("event"), str):
+                self.relay(events.typed(clean_tree(event)))
         elif not text.startswith(NODE_TAG):
             if node.proc is not None:
                 node.proc.tail.append(text)

@@ -18,7 +18,6 @@ error line says so. While it stops, `progress` says what it waits for, from the 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from gputui import runs
 from gputui.dashboard.follow import Follower
 from gputui.events import typed
+from gputui.model import outside
 from gputui.model.text import clean, clean_tree
 from gputui.supervisor import GRACE_S, Tree
 
@@ -116,7 +116,8 @@ class TrainingChild:
             self._start_detached(env, self.run_dir)
             return
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=env, cwd=self.cwd)
+                                     stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1, env=env,
+                                     cwd=self.cwd)
         self.tree = Tree(self.proc)  # type: ignore[arg-type]  # no marker: the dashboard adopts no orphans
         threading.Thread(target=self._drain_stderr, name="training-stderr", daemon=True).start()
 
@@ -169,13 +170,12 @@ class TrainingChild:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+                event = outside.parse_object(line)
+            except outside.Refused:
                 continue  # `--json` prints only events; anything else is not ours to show
-            if isinstance(event, dict):
-                event = clean_tree(event)  # a cluster run relays what slaves said: data, without control characters
-                self._seen(event)
-                yield event
+            event = clean_tree(event)  # a cluster run relays what slaves said: data, without control characters
+            self._seen(event)
+            yield event
 
     def _seen(self, event: Mapping[str, Any]) -> None:
         kind = event.get("event")

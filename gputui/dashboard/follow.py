@@ -10,14 +10,13 @@ thread; `stop()` ends it from any thread. No Textual, no torch.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from gputui.model import outside
 from gputui.model.text import clean_tree
 
-_DECODER = json.JSONDecoder()
 POLL_S = 0.4  # the screen shows a followed run 2.5 times a second: what a reader takes in, at a bounded cost
 MAX_READ = 1 << 20  # bytes per poll: a long history comes in slices, the screen keeps drawing
 MAX_LINE = 1 << 20  # an event line is a few hundred bytes; past this it is not one
@@ -92,16 +91,11 @@ class Follower:
         return out
 
     def _parse(self, line: bytes) -> dict[str, Any] | None:
-        """One line's event, or None (counted as dropped) for a line that is not one JSON object.
-        (`raw_decode` of the decoded text: `json.loads` of bytes first guesses their encoding,
-        which costs more than the parse itself at a thousand lines a second.)"""
+        """One line's event, or None (counted as dropped) for a line that is not one JSON object
+        (gputui.model.outside: a bad byte costs a character, a hostile line is refused)."""
         try:
-            text = line.decode("utf-8").strip(" \t\r\n")  # the whitespace JSON allows around a value
-            event, end = _DECODER.raw_decode(text)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            self.dropped += 1
-            return None
-        if end != len(text) or not isinstance(event, dict):
+            event = outside.parse_object(line, self.max_line)
+        except outside.Refused:
             self.dropped += 1
             return None
         return clean_tree(event)  # a cluster run relays what slaves said: data, without control characters

@@ -9,13 +9,13 @@ running, asked again under a new number) are shown as `requeued`, and not counte
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gputui.errors import GputuiError, UserError
+from gputui.model.outside import number
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,6 @@ def _ts(when: datetime | None) -> float | None:
     return when.timestamp() if when is not None else None
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def row_of(trial: Any) -> TrialRow:
     from gputui.sweep.study import REQUEUED
 
@@ -90,7 +84,7 @@ def row_of(trial: Any) -> TrialRow:
     slot = attrs.get("slot")
     attempts = attrs.get("attempts")
     error = attrs.get("error")
-    return TrialRow(number=trial.number, state=state, value=_finite(trial.value) if state == "complete" else None,
+    return TrialRow(number=trial.number, state=state, value=number(trial.value) if state == "complete" else None,
                     params=tuple(sorted(trial.params.items())), slot=str(slot) if slot is not None else None,
                     started=_ts(trial.datetime_start), ended=_ts(trial.datetime_complete),
                     attempts=attempts if isinstance(attempts, int) else None,

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState, throttle_codes
+from gputui.model.outside import number as _num  # the one helper for a number from outside
 from gputui.model.text import clean
 from gputui.sources.host import LocalHost
 
@@ -483,10 +484,6 @@ def _rate(before: int | None, after: int | None, elapsed: float) -> float | None
 
 def _opt(value: Any) -> str | None:
     return None if value in (None, "") else str(value)
-
-
-def _num(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def _int(value: Any) -> int | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, Sequence
 
 from gputui.errors import UserError, read_user_file
+from gputui.model import outside
 from gputui.model.telemetry import HostSnapshot, round_from_dict, round_to_dict
 from gputui.model.text import clean_tree
 
@@ -46,7 +47,7 @@ def read_rounds(path: Path) -> list[list[HostSnapshot]]:
         if not line.strip():
             continue
         try:
-            rounds.append(round_from_dict(clean_tree(json.loads(line))))  # a file's names are data
+            rounds.append(round_from_dict(clean_tree(outside.parse(line, max_chars=len(line)))))  # a file's names are data
         except (ValueError, KeyError, TypeError) as exc:
             raise UserError(f"{path}:{number}: not a gputui telemetry round: {exc}") from None
     if not rounds:

@@ -18,41 +18,36 @@ worker -> master (stdout):
       (the start event of a trial also carries "startup_ms": from its trial message to that event)
   {"op": "fatal", "error": MESSAGE}   the worker cannot start (no torch, bad data): it exits next
 
-A worker reads its messages as data: numbers are checked, unknown ops are ignored.
+A worker reads its messages as data (gputui.model.outside): numbers are checked, an integer
+beyond +-2**63 is read as None, unknown ops are ignored.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-MAX_LINE = 1 << 20  # a trial message carries a profile: far below this
+from gputui.model import outside
+
+MAX_LINE = outside.MAX_LINE  # a trial message carries a profile: far below this
+
+# The numbers in a message are read by the one helper for numbers from outside (index: a trial
+# number, a pid, an evaluation's index: 0..2**31-1; number: a finite float).
+number = outside.number
+integer = outside.index
 
 
 def encode(message: dict[str, Any]) -> str:
     return json.dumps(message, separators=(",", ":"), allow_nan=False)
 
 
-def decode(line: str) -> dict[str, Any] | None:
-    """A message, or None for a line that is not one (noise on a pipe, a torn line)."""
-    if len(line) > MAX_LINE:
+def decode(line: str | bytes, tally: outside.Tally | None = None) -> dict[str, Any] | None:
+    """A message, or None for a line that is not one (noise on a pipe, a torn line, hostile
+    text); `tally` counts what was refused (and an integer out of range, read as None)."""
+    tally = tally or outside.Tally("a worker")
+    value = tally.line(line)
+    if value is None:
         return None
-    try:
-        value = json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("op"), str):
-        return None
+    if not isinstance(value.get("op"), str):
+        return tally.refuse("a JSON object that is not a message (no op)")
     return value
-
-
-def number(value: Any) -> float | None:
-    """A finite number from a message, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def integer(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from gputui.errors import GputuiError
+from gputui.model import outside
 from gputui.sweep import protocol, study as studies
 from gputui.sweep.slots import Slot, WorkerGone, WorkerHandle
 from gputui.sweep.space import SweepSpec, suggest
@@ -122,6 +123,7 @@ class Scheduler:
         self.inbox: "queue.Queue[tuple[int, str | None]]" = queue.Queue()
         self.workers: dict[int, Worker] = {}
         self.deaths: dict[str, int] = {}
+        self.tallies: dict[str, outside.Tally] = {}  # slot -> what its workers sent that was not taken
         self.pending: list[Trial] = []  # retries waiting for a slot
         self.asked: list[Trial] = []  # asked ahead of need (see _ask_ahead)
         self.spend = Spend(spec.budget_usd, clock)
@@ -446,7 +448,11 @@ class Scheduler:
         if line is None:
             self._lost(worker)
             return
-        message = protocol.decode(line)
+        tally = self.tallies.setdefault(worker.slot.name, outside.Tally(f"the worker on slot {worker.slot.name}"))
+        message = protocol.decode(line, tally)
+        warning = tally.warning()  # the first bad line of a slot's workers is said; a flood is counted
+        if warning is not None:
+            self.view.sweep("warning", slot=worker.slot.name, message=warning)
         if message is None:
             return
         op = message["op"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gputui.errors import GputuiError, UserError
+from gputui.model import outside
 from gputui.runs import RunDir
 from gputui.supervisor import STOP_SIGNALS, Tree, become_subreaper
 from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, release, serve_store
@@ -109,6 +109,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
 
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     last: dict[str, Any] | None = None
+    tally = outside.Tally(f"the events file {run.events}")
     buffer = b""
     looked = time.monotonic()
     try:
@@ -123,10 +124,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
                 if chunk:
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            last = json.loads(line)
-                            show(last)
+                    last = show_lines(lines, show, tally) or last
                 elif finished:
                     break
                 else:
@@ -151,6 +149,23 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
         print(_stopped_line(run), file=sys.stderr)
         return "stopped"
     raise GputuiError(f"ddp workers failed (torchrun exit {proc.returncode}): {_last_line(log_path)}; see {log_path}")
+
+
+def show_lines(lines: list[bytes], show: Callable[[dict[str, Any]], None], tally: outside.Tally) -> dict[str, Any] | None:
+    """Show each event of rank 0's `lines`; the last one shown (None if none was). A line that is
+    not an event (garbage, hostile JSON) is skipped: the first is said in a warning, the rest counted."""
+    last = None
+    for line in lines:
+        event = tally.line(line) if line.strip() else None
+        warning = tally.warning()
+        if warning is not None:
+            from gputui import events
+
+            show(events.make("warning", reason="bad_line", message=warning))
+        if event is not None:
+            last = event
+            show(event)
+    return last
 
 
 def _stopped_line(run: RunDir) -> str:

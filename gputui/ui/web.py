@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import re
 import sys
@@ -29,6 +28,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 from gputui.exporter import host_allowed, host_name
+from gputui.model import outside
 
 SIZE_LIMITS = ((40, 500), (10, 200))  # (columns, rows): (least, most)
 DEFAULT_SIZE = (80, 24)
@@ -234,8 +234,8 @@ def make_server(command: str, guard: Guard, quit_bound_s: float) -> Any:
                 if message.type != WSMsgType.TEXT:
                     continue
                 try:
-                    envelope = json.loads(message.data)
-                except ValueError:
+                    envelope = outside.parse(message.data)  # the browser's words are data
+                except outside.Refused:
                     continue
                 if not isinstance(envelope, list) or not envelope:
                     continue
