@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    # internal commands (`worker`) stay out of the help: argparse before 3.13 prints "==SUPPRESS=="
+    sub._choices_actions = [a for a in sub._choices_actions if a.help != argparse.SUPPRESS]
     importlib.import_module("gputui.commands.ui").add_flags(parser, top_level=True)  # `gputui` opens the dashboard
     return parser
 
@@ -108,7 +110,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
     )
     view = JsonView() if args.json else ProgressView()
-    return run(request, view)
+    try:
+        return run(request, view)
+    except GputuiError as exc:
+        if isinstance(view, JsonView) and not view.said_error:  # bad input: scripts read the reason on stdout too
+            from gputui import events
+
+            view.show(events.make("error", message=str(exc), exit_code=exc.exit_code))
+        raise
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` chose, the deepest one: its usage is the one to show."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return command_parser(chosen, args)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # say it with the usage of the command that was meant, not the top level's
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "handler", None) is None:  # no subcommand: the dashboard
         from gputui.commands.ui import cmd_ui
 

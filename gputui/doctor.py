@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from gputui.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.model.text import clean
+from gputui.units import plural
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 MIN_PYTHON = (3, 10)
@@ -70,7 +71,7 @@ def torch_checks() -> list[Check]:
         fix = CUDA_TORCH_FIX if cuda_build is None else "check the driver with nvidia-smi"
         rows.append(Check("local", "cuda", WARN, f"no CUDA ({why}); training runs on the CPU", fix))
         return rows  # cuDNN and NCCL mean nothing without CUDA: no rows of their own
-    rows.append(Check("local", "cuda", PASS, f"CUDA {cuda_build}, {torch.cuda.device_count()} GPU(s) visible to torch"))
+    rows.append(Check("local", "cuda", PASS, f"CUDA {cuda_build}, {plural(torch.cuda.device_count(), 'GPU')} visible to torch"))
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
     rows.append(
         Check("local", "cudnn", PASS, f"cuDNN {cudnn}")
@@ -110,7 +111,7 @@ def nvml_checks() -> list[Check]:
     rows = [Check("local", "nvml", PASS, f"NVML ok, driver {snap.driver or 'n/a'}")]
     names = sorted({g.name or "n/a" for g in snap.gpus})
     if snap.gpus:
-        rows.append(Check("local", "gpus", PASS, f"{len(snap.gpus)} GPU(s): {', '.join(names)}"))
+        rows.append(Check("local", "gpus", PASS, f"{plural(len(snap.gpus), 'GPU')}: {', '.join(names)}"))
     else:
         rows.append(Check("local", "gpus", WARN, "the driver sees no GPU", "check that the GPU is seated and powered (nvidia-smi -L)"))
     return rows
@@ -167,7 +168,7 @@ def remote_checks(spec: HostSpec, options: Any) -> list[Check]:
         if snap.state == HostState.OK:
             rows.append(Check(name, "nvidia-smi", PASS, f"driver {snap.driver or 'n/a'}"))
             rows.append(
-                Check(name, "gpus", PASS, f"{len(snap.gpus)} GPU(s): {', '.join(sorted({g.name or 'n/a' for g in snap.gpus}))}")
+                Check(name, "gpus", PASS, f"{plural(len(snap.gpus), 'GPU')}: {', '.join(sorted({g.name or 'n/a' for g in snap.gpus}))}")
                 if snap.gpus
                 else Check(name, "gpus", WARN, "nvidia-smi sees no GPU", "check the GPUs there with nvidia-smi -L")
             )
@@ -196,7 +197,7 @@ def _python_checks(host: Any, name: str) -> list[Check]:
     rows.append(Check(name, "python", PASS if _version_ok(version) else FAIL, f"Python {version}", "" if _version_ok(version) else f"install Python 3.10+ on {name}"))
     if "torch" in lines:
         torch_version, device, count = (lines["torch"] + ["", "", ""])[:3]
-        detail = f"torch {torch_version}, " + (f"CUDA, {count} GPU(s)" if device == "cuda" else "no CUDA")
+        detail = f"torch {torch_version}, " + (f"CUDA, {plural(int(count), 'GPU') if count.isdigit() else 'n/a GPUs'}" if device == "cuda" else "no CUDA")
         rows.append(Check(name, "torch", PASS if device == "cuda" else WARN, detail, "" if device == "cuda" else f"install the CUDA build of torch on {name}"))
     else:
         rows.append(Check(name, "torch", WARN, "torch not installed", f"python3 -m pip install torch on {name}"))

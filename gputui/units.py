@@ -141,3 +141,13 @@ def duration(seconds: float | int | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """`n` and its noun, singular for exactly one: "1 epoch", "2 epochs", "0 processes" (the one
+    place plurals are made: never "epoch(s)")."""
+    if n == 1:
+        return f"{n} {noun}"
+    if many is None:
+        many = noun + ("es" if noun.endswith(("s", "sh", "x")) else "s")  # "batch": pass many
+    return f"{n} {many}"

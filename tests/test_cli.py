@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,7 +30,9 @@ def cuda_beyond(count: int) -> tuple[str, str]:
     spec = f"cuda:{max(count, 3)}"
     if count == 0:
         return spec, f"--device {spec}: no CUDA device is available"
-    return spec, f"--device {spec}: only {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})"
+    from gputui.units import plural
+
+    return spec, f"--device {spec}: only {plural(count, 'CUDA device')} visible (cuda:0..cuda:{count - 1})"
 
 
 def test_json_stream_has_only_events(small_data: Path, tmp_path: Path) -> None:
@@ -60,19 +63,23 @@ def test_json_stream_has_only_events(small_data: Path, tmp_path: Path) -> None:
     assert 'model = "seed"' in profile and "epochs = 2" in profile
 
 
-def test_step_events_are_rate_bounded(medium_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_step_events_are_rate_bounded(small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # A 2 s timer: however slow or busy the machine (a 60 s run), far fewer events than steps.
-    from gputui.train import loop
+    # A 2 s timer on a training clock the test drives (each reading of it 0.25 s later, a 70 s
+    # run): the same events on a fast or a busy machine; far fewer events than steps, and the timer
+    # fires several times between the events every 32nd step brings.
+    from gputui.train import loop, meter
 
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(meter, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.25))
     monkeypatch.setattr(loop, "STEP_EVENT_INTERVAL_S", 2.0)
-    code = main(["run", "--json", "--data", str(medium_data), "--epochs", "1", "--batch-size", "8",
+    code = main(["run", "--json", "--data", str(small_data), "--epochs", "1", "--batch-size", "2",
                  "--run-dir", str(tmp_path / "r")])
     assert code == 0
     events = json_lines(capsys.readouterr().out)
     steps = [e for e in events if e["event"] == "step"]
     total = events[0]["total_steps"]
-    assert total == 512
+    assert total == 256 and events[-1]["elapsed_s"] > 60
     assert len(steps) < total / 4  # far fewer events than steps
     span = events[-1]["elapsed_s"]
     # One per 2 s of training, and every 64th step (8 an epoch).

@@ -63,7 +63,7 @@ def test_ctrl_c_leaves_the_slaves_lists_them_and_exits_1_headless(tmp_path: Path
         said = child.stderr_rest(60)
         assert child.proc.wait(timeout=60) == 1
     assert said[0].startswith("guarding cluster demo every 600 s") and "interrupted" in said, said
-    assert said[-1].startswith("still running: 1 cloud instance(s) running") and slave.instance_id in said[-1], said
+    assert said[-1].startswith("still running: 1 cloud instance running") and slave.instance_id in said[-1], said
     assert said[-1].endswith(f"; stop them with `gputui cloud down --all --yes --provider sim --profile {profile} --cluster demo`"), said
     with Ledger() as ledger:
         assert [r.instance_id for r in ledger.instances(running=True)] == [slave.instance_id]  # not terminated

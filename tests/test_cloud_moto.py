@@ -251,7 +251,7 @@ def test_cli_up_then_down_and_nothing_leaks(aws: Aws) -> None:
     downed = cli("cloud", "down", "--all", "--yes", "--profile", str(aws.profile))
     assert launched.returncode == 0, launched.stderr
     assert downed.returncode == 0, downed.stderr
-    assert "4 instance(s) up" in launched.stdout, launched.stdout
+    assert "4 instances up" in launched.stdout, launched.stdout
     assert instances(aws, **{"gputui:managed": "true"}) == []
     listed = cli("cloud", "ls", "--json", "--profile", str(aws.profile))
     cost = cli("cost", "--json")

@@ -151,7 +151,7 @@ def test_exit_check_asks_on_a_terminal_and_refuses_silence_headless(tmp_path: Pa
     wait_running(ctx, launch(ctx, plan_launch(ctx, 2)))
     said: list[str] = []
     assert exit_check(ctx, False, lambda q: pytest.fail("headless must not ask"), said.append) == 1
-    assert "still running: 2 cloud instance(s)" in said[-1] and "gputui cloud down --all --yes" in said[-1]
+    assert "still running: 2 cloud instances" in said[-1] and "gputui cloud down --all --yes" in said[-1]
     assert exit_check(ctx, True, lambda q: False, said.append) == 0
     assert said[-1].startswith("left running by your choice")
     assert len(ctx.ledger.instances(running=True)) == 2
@@ -176,7 +176,7 @@ def test_on_start_gputui_reports_what_the_records_say_runs(capsys: pytest.Captur
                              "ec2", "us-east-1", "c1", "me", 0.2)
     assert main(["run", "--epochs", "0"]) == 2
     err = capsys.readouterr().err
-    assert "note: 1 cloud instance(s) running, $0.20/h: i-0abc (c1, ec2 us-east-1)" in err
+    assert "note: 1 cloud instance running, $0.20/h: i-0abc (c1, ec2 us-east-1)" in err
     assert "gputui cloud down --all" in err
 
 
@@ -250,7 +250,7 @@ def test_up_leaves_a_guard_that_goes_when_the_slaves_do(sim_profile: Path, gputu
     again = cli("cloud", "up", "--yes", "--count", "1", "--guard-interval", "0.3", "--profile", str(sim_profile),
                 "--cluster", "demo")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("203.0.113.") == 1 and "note: 1 cloud instance(s) running" in again.stderr
+    assert again.stdout.count("203.0.113.") == 1 and "note: 1 cloud instance running" in again.stderr
     assert "budget guard running" not in again.stderr  # one guard per cluster: the first one watches both
     assert guards_of(sim_profile.resolve()) == [pid]
     with Ledger() as ledger:
@@ -291,7 +291,7 @@ def test_on_a_terminal_up_shows_the_price_and_asks_and_down_confirms(
     assert asked[-1].startswith("Launch 1 x g4dn.xlarge at about $") and asked[-1].endswith("/h? [y/N] ")
     assert main(["cloud", "up", "--no-guard", *p]) == 0  # accepted
     assert main(["cloud", "down", "--all", *p]) == 1  # an empty answer is no
-    assert asked[-1] == "Terminate 1 instance(s)? [y/N] "
+    assert asked[-1] == "Terminate 1 instance? [y/N] "
     assert main(["cloud", "down", "--all", *p]) == 0
     with Ledger() as ledger:
         assert [r.ended_by for r in ledger.instances()] == ["user"]

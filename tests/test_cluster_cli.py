@@ -62,7 +62,7 @@ def test_down_terminates_the_cloud_slaves_and_says_the_user_did(sim_cluster: Pat
     result = run_cli("cluster", "down", "--json", "--profile", str(sim_cluster))
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(result.stdout)["terminated"]) == ids
-    assert "cluster lab: 2 cloud slave(s) terminated" in result.stderr
+    assert "cluster lab: 2 cloud slaves terminated" in result.stderr
     with Ledger() as ledger:
         assert {r.instance_id: r.ended_by for r in ledger.instances(cluster="lab")} == {i: "user" for i in ids}
     again = run_cli("cluster", "down", "--json", "--profile", str(sim_cluster))

@@ -91,7 +91,7 @@ def test_quit_with_a_slave_asks_first(gputui_home: Path, answer: str) -> None:
         await wait_for(pilot, lambda: rows(app) == 1)
         await pilot.press("q")
         assert isinstance(app.screen, ChoiceScreen)
-        assert "1 slave(s) running" in screen_text(app) and "Keep them" in screen_text(app)
+        assert "1 slave running" in screen_text(app) and "Keep them" in screen_text(app)
         await pilot.press("escape")  # cancel
         assert not isinstance(app.screen, ChoiceScreen) and app.is_running
         await pilot.press("q", answer)

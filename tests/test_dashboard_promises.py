@@ -121,7 +121,7 @@ def test_ctrl_q_quits_through_the_same_question_as_q(gputui_home: Path, slave_up
         await pilot.press("ctrl+q")
         if slave_up:  # asks first: terminate, keep or cancel
             assert isinstance(app.screen, ChoiceScreen)
-            assert "1 slave(s) running" in screen_text(app)
+            assert "1 slave running" in screen_text(app)
             await pilot.press("k")
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
 

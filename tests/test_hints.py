@@ -79,7 +79,7 @@ def test_the_leak_note_on_every_command_names_commands_that_work(sim: None, tmp_
     home = up(write_profile(tmp_path / "east.toml"))
     away = up(write_profile(tmp_path / "west.toml", region="eu-west-1"))
     note = run_cli("runs", timeout=120).stderr  # any command that does not watch the cloud itself
-    assert "note: 2 cloud instance(s) running" in note, note
+    assert "note: 2 cloud instances running" in note, note
     for command in hint(note, "see").split("; "):
         listed = run_hint(command)
         assert listed.returncode == 0, (command, listed.stderr)

@@ -186,13 +186,13 @@ def test_doctor_shows_hostile_answers_as_text(remote_args: list[str], hostile: S
         python3.unlink()
     assert_inert(out)
     assert "Python 3.12.1[/]" in out and "torch 2.5[link=https://evil.example/], CUDA, 8" in out
-    assert "GPU(s): NVIDIA [/] [link=https://evil.example/]click[/link]" in out
+    assert "GPUs: NVIDIA [/] [link=https://evil.example/]click[/link]" in out
     rows = table_rows(out)
     assert len({cell_len(r) for r in rows}) == 1, out
     assert not [s for s in strings(doc) if CONTROL.search(s)]
     details = {(c["host"].split(":")[-1], c["name"]): c["detail"] for c in doc["checks"]}
     assert details[(str(hostile.port), "python")] == "Python 3.12.1[/]"
-    assert details[(str(hostile.port), "gpus")].startswith(f"2 GPU(s): NVIDIA {MARKUP}xgpu, [/]WWW")
+    assert details[(str(hostile.port), "gpus")].startswith(f"2 GPUs: NVIDIA {MARKUP}xgpu, [/]WWW")
 
 
 # -- the local GPUs (NVML) ----------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_progress_view_shows_relayed_text_as_text(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert_inert(err)
     assert f"run r{MARKUP}: model {MARKUP}click" in err
-    assert "(ddp  fake line, n/a process(es))" in err
+    assert "(ddp  fake line, n/a processes)" in err
     assert "test loss n/a" in err and f"interrupted ({MARKUP}click" in err and "done: test acc n/a" in err
 
 

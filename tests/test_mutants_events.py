@@ -6,6 +6,7 @@ cannot see into."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -66,11 +67,14 @@ def make_run(path: Path) -> RunDir:
     return RunDir(path)
 
 
-def test_find_last_is_the_newest_run_in_the_runs_home() -> None:
+def test_find_last_is_the_run_written_most_recently_in_the_runs_home() -> None:
     home = runs_home()
-    for name in ("20260101-000000-aaaa", "20260301-000000-cccc", "20260201-000000-bbbb"):
-        make_run(home / name)
+    for written, name in ((300.0, "20260101-000000-aaaa"), (100.0, "20260301-000000-cccc"), (200.0, "20260201-000000-bbbb")):
+        run = make_run(home / name)
+        os.utime(run.profile, (written, written))  # no events yet: the profile says when it was written
     (home / "20270101-000000-dddd").mkdir()  # no profile: not a run
+    assert find("last").path == home / "20260101-000000-aaaa"  # resumed after the newer ones ran
+    (home / "20260301-000000-cccc" / "events.jsonl").write_text("")  # written now: it is last again
     assert find("last").path == home / "20260301-000000-cccc"
 
 

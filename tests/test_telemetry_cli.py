@@ -191,7 +191,7 @@ def test_doctor_checks_local_and_remote(
     remote = f"127.0.0.1:{a100.port}"
     for check in ("reachable", "host key", "nvidia-smi"):
         assert rows[(remote, check)]["status"] == "pass"
-    assert rows[(remote, "gpus")]["detail"].startswith("8 GPU(s)")
+    assert rows[(remote, "gpus")]["detail"].startswith("8 GPUs")
     assert rows[(remote, "python")]["status"] == "pass" and rows[(remote, "torch")]["status"] in ("pass", "warn")
     assert all(c["fix"] for c in doc["checks"] if c["status"] == "fail")
 

@@ -18,6 +18,7 @@ from gputui.cloud.pricing import PriceBook
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError
 from gputui.model.cloud import BudgetStatus, CloudEvent, InstanceRecord
+from gputui.units import plural
 
 Checkpointer = Callable[[Sequence[InstanceRecord]], None]
 
@@ -64,7 +65,7 @@ class BudgetGuard:
         """Ask every run to checkpoint (SIGTERM), give it the grace time, then terminate every slave."""
         ctx = self.ctx
         events = [ctx.event("budget_stop", f"budget ${status.budget_usd:.2f} reached (${status.spent_usd:.4f} spent + "
-                            f"${status.committed_usd:.4f} committed): checkpointing runs, terminating {len(running)} slave(s)")]
+                            f"${status.committed_usd:.4f} committed): checkpointing runs, terminating {plural(len(running), 'slave')}")]
         if self.checkpoint is not None:
             try:
                 self.checkpoint(running)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 from gputui.cloud.ledger import Ledger
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
+from gputui.units import plural
 
 if TYPE_CHECKING:  # lifecycle is imported only when something must be terminated
     from gputui.cloud.lifecycle import CloudContext
@@ -28,7 +29,7 @@ def describe(records: list[InstanceRecord]) -> str:
     rate = sum(r.hourly_price for r in records)
     ids = ", ".join(f"{r.instance_id} ({r.cluster}, {r.provider} {r.region})" for r in records[:8])
     more = f" and {len(records) - 8} more" if len(records) > 8 else ""
-    return f"{len(records)} cloud instance(s) running, ${rate:.2f}/h: {ids}{more}"
+    return f"{plural(len(records), 'cloud instance')} running, ${rate:.2f}/h: {ids}{more}"
 
 
 def _default_profile() -> Path:
@@ -127,7 +128,7 @@ def exit_check(ctx: "CloudContext", interactive: bool, ask: Callable[[str], bool
     if interactive:
         if ask(f"{describe(records)}. Terminate them now? [y/N] "):
             terminate(ctx, p.describe([r.instance_id for r in records]), ended_by="user")
-            say(f"terminated {len(records)} instance(s)")
+            say(f"terminated {plural(len(records), 'instance')}")
         else:
             say(f"left running by your choice: {describe(records)}; stop them later with `{down_command(ctx, ctx.cluster)}`")
         return 0

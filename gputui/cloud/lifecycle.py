@@ -19,6 +19,7 @@ from gputui.cloud.settings import CloudSettings
 from gputui.cloud.waiting import wait_until
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import ENDED_STATES, CloudEvent, InstanceInfo, LaunchAttempt, PriceQuote
+from gputui.units import plural
 
 
 @dataclass
@@ -181,7 +182,7 @@ def wait_running(ctx: CloudContext, result: UpResult) -> UpResult:
     if not ids:
         return result
     infos = ctx.wait(ids, lambda i: (i.state == "running" and bool(i.public_ip)) or i.state in ENDED_STATES,
-                     f"{len(ids)} instance(s) to run")
+                     f"{plural(len(ids), 'instance')} to run")
     now, events = ctx.clock(), []
     for info in infos:
         if info.state in ENDED_STATES:
@@ -223,7 +224,7 @@ def terminate(ctx: CloudContext, instances: Sequence[InstanceInfo], ended_by: st
     ctx.provider.terminate(ids)
     forget_host_keys(instances)
     try:
-        final = ctx.wait(ids, lambda i: i.state in ENDED_STATES, f"{len(ids)} instance(s) to terminate")
+        final = ctx.wait(ids, lambda i: i.state in ENDED_STATES, f"{plural(len(ids), 'instance')} to terminate")
     except GputuiError:
         _close(ctx, ids, ctx.provider.describe(ids), asked, ended_by)  # record what has ended so far
         raise

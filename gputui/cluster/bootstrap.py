@@ -25,6 +25,7 @@ from gputui.cluster.wheel import Wheel
 from gputui.errors import GputuiError, UserError
 from gputui.model import outside
 from gputui.train.data import STEMS, find_file
+from gputui.units import plural
 
 MARKER = "marker.json"
 MIN_PYTHON = (3, 10)
@@ -281,7 +282,7 @@ class Bootstrapper:
             bad = [n for n, md5 in self.dataset.files if n in copied and check.get(remote[n]) != md5]
             if bad:
                 raise GputuiError(f"slave {conn.name}: {bad[0]} arrived damaged (md5 mismatch); check its disk and retry")
-            steps.append(f"dataset copied ({len(copied)} file(s), md5 verified)")
+            steps.append(f"dataset copied ({plural(len(copied), 'file')}, md5 verified)")
         return data_dir
 
     def _remote_md5(self, conn: SlaveConnection, paths: list[str]) -> dict[str, str]:

@@ -25,6 +25,7 @@ from gputui.cluster.store import ClusterStore
 from gputui.errors import GputuiError
 from gputui.hosts import HostSpec
 from gputui.model.cloud import ENDED_STATES, InstanceInfo
+from gputui.units import plural
 
 if TYPE_CHECKING:
     from gputui.cluster.sshnode import SlaveConnection
@@ -134,7 +135,7 @@ class SlaveManager:
             slaves += [CloudSlave(i.instance_id, self.host_spec(i), True) for i in new]
         if len(slaves) < minimum:
             self.release([s.instance_id for s in slaves if s.started_here])
-            raise GputuiError(f"cluster {self.ctx.cluster}: only {len(slaves)} of the {minimum} cloud slave(s) "
+            raise GputuiError(f"cluster {self.ctx.cluster}: only {len(slaves)} of the {plural(minimum, 'cloud slave')} "
                               f"needed could be started; see `{ls_command(self.ctx)}` and the budget in {self.settings.source}")
         now = self.ctx.clock()
         for slave in slaves:
@@ -157,7 +158,7 @@ class SlaveManager:
 
     def _start(self, count: int, started: Started = lambda infos: None, sleep: Sleep | None = None) -> list[InstanceInfo]:
         if not self.budget_allows(count):
-            self._record("budget_refused", f"not starting {count} slave(s): the budget of "
+            self._record("budget_refused", f"not starting {plural(count, 'slave')}: the budget of "
                          f"${self.ctx.settings.budget_usd:.2f} is spent or committed")
             return []
         plan = plan_launch(self.ctx, count, **({"resolver": self.resolver} if self.resolver else {}))
@@ -165,7 +166,7 @@ class SlaveManager:
         launched = launch(ctx, plan, started=started, proceed=lambda: sleep(0) if sleep is not None else None)
         result: UpResult = wait_running(ctx, launched)
         running = [i for i in result.instances if i.state == "running" and i.public_ip]
-        self._record("on_demand_start", f"started {len(running)} of {count} missing slave(s) for a run")
+        self._record("on_demand_start", f"started {len(running)} of {plural(count, 'missing slave')} for a run")
         return running
 
     def replace(self, instance_id: str, started: Started = lambda infos: None,

@@ -12,6 +12,7 @@ from gputui.cluster.context import RunContext
 from gputui.cluster.identity import resume_ref
 from gputui.cluster.members import Node
 from gputui.errors import GputuiError
+from gputui.units import plural
 
 
 class Recovery:
@@ -36,12 +37,12 @@ class Recovery:
             if replacement is None:
                 ctx.group.nodes.remove(node)
                 ctx.emit("node_dropped", node=node.name, nodes=len(ctx.group),
-                         message=f"going on without {node.name}: {len(ctx.group)} node(s) left")
+                         message=f"going on without {node.name}: {plural(len(ctx.group), 'node')} left")
             elif replacement is not node:
                 ctx.emit("node_replaced", node=node.name, by=replacement.name,
                          message=f"{replacement.name} ({replacement.address}) takes the place of {node.name}")
         if len(ctx.group) < ctx.settings.min_nodes:
-            raise GputuiError(f"only {len(ctx.group)} node(s) left, fewer than min_nodes {ctx.settings.min_nodes}; "
+            raise GputuiError(f"only {plural(len(ctx.group), 'node')} left, fewer than min_nodes {ctx.settings.min_nodes}; "
                               f"resume later with: gputui run --resume {resume_ref(ctx.run)}")
 
     def _replace(self, node: Node) -> Node | None:

@@ -15,12 +15,9 @@ from gputui.cluster.context import Phase, RunContext
 from gputui.cluster.members import KILL_MARGIN_S, STOP_GRACE_S
 from gputui.cluster.relay import Relay
 from gputui.model.text import clean
+from gputui.units import plural
 
 DRAIN_S = 15.0  # after a kill, how long the exits of the killed nodes may take to come in
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def describe(ctx: RunContext) -> tuple[str, int, int]:
@@ -114,7 +111,7 @@ def _release(ctx: RunContext) -> None:
         return
     ctx.slaves.released += pending
     if gone:
-        ctx.emit("slaves_terminated", instances=gone, message=f"{len(gone)} cloud slave(s) terminated")
+        ctx.emit("slaves_terminated", instances=gone, message=f"{plural(len(gone), 'cloud slave')} terminated")
     elif ctx.settings.keep_slaves:
         _hand_to_guard(ctx, pending)
 

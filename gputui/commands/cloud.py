@@ -9,6 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gputui.units import plural
+
 DEFAULT_GUARD_INTERVAL_S = 30.0
 
 
@@ -144,7 +146,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         try:
             result = launch(ctx, plan, report=lambda a: view.say(view.attempt_line(a)))
             if result.instances:
-                view.say(f"waiting for {len(result.instances)} instance(s) to run ...")
+                view.say(f"waiting for {plural(len(result.instances), 'instance')} to run ...")
                 wait_running(ctx, result)
         except KeyboardInterrupt:
             view.say("interrupted")
@@ -153,7 +155,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not result.instances:
             tried = "; ".join(view.attempt_line(a) for a in result.attempts)
             raise GputuiError(f"no instance launched ({tried}); try other zones, a higher max_price or on_demand_fallback")
-        view.instances_table(f"cluster {ctx.cluster}: {len(result.instances)} instance(s) up", result.instances, result.rates)
+        view.instances_table(f"cluster {ctx.cluster}: {plural(len(result.instances), 'instance')} up", result.instances, result.rates)
         if len(result.instances) < count:
             view.say(f"warning: only {len(result.instances)} of {count} launched")
         if not args.no_guard:
@@ -201,14 +203,14 @@ def cmd_down(args: argparse.Namespace) -> int:
             return 0
         rates = {r.instance_id: r.hourly_price for r in ctx.ledger.instances(p.name, p.region, running=True)}
         view.instances_table("to terminate", targets, rates)
-        if not view.confirm(f"Terminate {len(targets)} instance(s)? [y/N] ", args.yes, "gputui cloud down terminates instances"):
+        if not view.confirm(f"Terminate {plural(len(targets), 'instance')}? [y/N] ", args.yes, "gputui cloud down terminates instances"):
             view.say("nothing terminated")
             return 1
         final = terminate(ctx, targets, ended_by="user")
         now = ctx.clock()
         ended = {t.instance_id for t in targets}
         cost = total_cost([r for r in ctx.ledger.instances(p.name, p.region) if r.instance_id in ended], now)
-        view.say(f"terminated {len(final)} instance(s); their estimated cost: {view.money(cost)}")
+        view.say(f"terminated {plural(len(final), 'instance')}; their estimated cost: {view.money(cost)}")
     return 0
 
 
@@ -249,16 +251,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         found = orphans(entries, ctx.owner, args.any_owner)
         others = [e for e in entries if e.orphan and e.instance.live and e.instance not in found]
         if others:
-            view.say(f"{len(others)} orphan(s) belong to other owners; --any-owner includes them")
+            view.say(f"{plural(len(others), 'orphan')} belong to other owners; --any-owner includes them")
         if not found:
             view.say("no orphans: every gputui instance here is in the records")
             return 0
         view.instances_table("orphans to terminate", found, {})
-        if not view.confirm(f"Terminate {len(found)} orphan(s)? [y/N] ", args.yes, "gputui cloud sweep terminates instances"):
+        if not view.confirm(f"Terminate {plural(len(found), 'orphan')}? [y/N] ", args.yes, "gputui cloud sweep terminates instances"):
             view.say("nothing terminated")
             return 1
         terminate(ctx, found, ended_by="sweep")
-        view.say(f"terminated {len(found)} orphan(s); they are in the cost ledger now")
+        view.say(f"terminated {plural(len(found), 'orphan')}; they are in the cost ledger now")
     return 0
 
 

@@ -14,6 +14,7 @@ from gputui import units
 from gputui.errors import UserError
 from gputui.model.cloud import CloudEvent, FleetEntry, InstanceInfo, LaunchAttempt, PriceQuote, SpendLine
 from gputui.model.text import clean
+from gputui.units import plural
 
 
 def money(value: float | None, digits: int = 4) -> str:
@@ -122,7 +123,7 @@ def fleet_table(entries: Sequence[FleetEntry], now: float, region: str, sweep: s
              rate_text(e.usd_per_hour), money(e.cost_usd), "ORPHAN (not in records)" if e.orphan else "yes"]
             for e in entries]
     orphans = sum(e.orphan for e in entries)
-    caption = (f"{orphans} orphan(s): `{sweep}` terminates them" if orphans else None)
+    caption = (f"{plural(orphans, 'orphan')}: `{sweep}` terminates them" if orphans else None)
     print_table(f"gputui instances in {region} (costs are estimates)",
                 ["id", "cluster", "type", "zone", "market", "state", "address", "up", "$/h", "cost", "known"], rows, caption)
 

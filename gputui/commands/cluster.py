@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gputui.units import plural
+
 
 def register(subparsers: Any) -> None:
     cluster = subparsers.add_parser("cluster", help="bring a cluster's slaves up or down, list them, stop idle ones",
@@ -61,7 +63,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 0
     if action == "down":
         gone = _down(manager) if manager else []
-        _say(f"cluster {settings.name}: {len(gone)} cloud slave(s) terminated")
+        _say(f"cluster {settings.name}: {plural(len(gone), 'cloud slave')} terminated")
         if args.json:
             print(json.dumps({"terminated": gone}))
         return 0
@@ -166,4 +168,4 @@ def _idle_check(args: argparse.Namespace, settings: Any, manager: Any) -> None:
     if args.json:
         print(json.dumps({"time": time.time(), "up": len(up), "terminated": stopped}), flush=True)
     elif stopped:
-        _say(f"cluster {settings.name}: terminated idle slave(s) {', '.join(stopped)}")
+        _say(f"cluster {settings.name}: terminated idle {'slave' if len(stopped) == 1 else 'slaves'} {', '.join(stopped)}")

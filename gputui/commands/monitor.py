@@ -13,7 +13,7 @@ from typing import Any
 from gputui.errors import UserError
 
 DEFAULT_INTERVAL_S = 2.0
-PIPE_WIDTH = 200  # the table's width off a terminal (a file, `| less`, CI; $COLUMNS is often stale there)
+PIPE_WIDTH = 200  # the table's width off a terminal (a file, `| less`, CI) unless $COLUMNS says otherwise
 
 
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
@@ -104,7 +104,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         from gputui.sources.replay import Recorder
 
         recorder = Recorder(args.record)
-    view = _View(args.json, args.once, procs)
+    view = _View(args.json, args.once, procs, interval=args.interval)
     code = 0
     rounds = 0
     previous = _stop_on_sigterm()
@@ -240,13 +240,19 @@ def _say(line: str) -> None:
 class _View:
     """JSON (a document, or a line per round), a live table on a terminal, or a table per round."""
 
-    def __init__(self, as_json: bool, once: bool, procs: _ProcessView | None = None) -> None:
-        self.as_json, self.once, self.procs = as_json, once, procs
+    def __init__(self, as_json: bool, once: bool, procs: _ProcessView | None = None, interval: float = 1.0) -> None:
+        self.as_json, self.once, self.procs, self.interval = as_json, once, procs, interval
         self._console: Any = None
         self._live: Any = None
 
     def show(self, hosts: list[Any], now: float) -> None:
+        from dataclasses import replace
+
         from gputui.model.telemetry import round_to_dict
+        from gputui.sources.ssh import without_retry
+
+        if self.once:  # one round: nothing is retried, so no host says when it will be
+            hosts = [replace(h, message=without_retry(h.message)) for h in hosts]
 
         if self.as_json:
             doc = round_to_dict(hosts, now)
@@ -267,6 +273,11 @@ class _View:
         if self.once or not console.is_terminal:
             console.print(table)
             return
+        from rich.text import Text
+
+        stamp = time.strftime("%H:%M:%S", time.localtime(now))
+        header = Text(f"gputui monitor  {stamp}  every {self.interval:g} s  Ctrl-C quits", style="dim")
+        table = Group(header, table)
         if self._live is None:
             from rich.live import Live
 
@@ -296,8 +307,10 @@ class _View:
         if self._console is None:
             from rich.console import Console
 
+            from gputui.console import table_width
+
             tty = sys.stdout.isatty()  # off a terminal an alert line is one line, however long
-            self._console = Console(highlight=False, width=None if tty else PIPE_WIDTH, soft_wrap=not tty)
+            self._console = Console(highlight=False, width=table_width(PIPE_WIDTH), soft_wrap=not tty)
         return self._console
 
     def close(self) -> None:

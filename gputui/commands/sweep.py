@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gputui.units import plural
+
 
 def register(subparsers: Any) -> None:
     sweep = subparsers.add_parser(
@@ -166,7 +168,7 @@ def _master(args: argparse.Namespace, profile: Any, spec: Any, study: Any) -> in
                  f"gputui sweep --resume {spec.name}")
     view.say(f"see it with: gputui sweep show {spec.name}; optuna-dashboard {studies.storage_url()}")
     if scheduler.shutdown_errors:
-        view.say(f"sweep {spec.name}: {len(scheduler.shutdown_errors)} step(s) of its shutdown failed (above)")
+        view.say(f"sweep {spec.name}: {plural(len(scheduler.shutdown_errors), 'step')} of its shutdown failed (above)")
         return 1
     return 0
 

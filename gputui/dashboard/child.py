@@ -34,6 +34,7 @@ from gputui.events import typed
 from gputui.model import outside
 from gputui.model.text import clean, clean_tree
 from gputui.supervisor import GRACE_S, Tree
+from gputui.units import plural
 
 # A local or DDP run stops within the supervisor's grace (torchrun's workers included), plus its checkpoint.
 LOCAL_STOP_S = GRACE_S + 30.0
@@ -62,10 +63,6 @@ def run_argv(profile: Path | None, resume: bool, extra: Sequence[str] = ()) -> l
 def minutes(seconds: float) -> str:
     seconds = int(max(0.0, seconds))
     return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
 
 
 class TrainingChild:

@@ -280,7 +280,7 @@ def event_line(event: Mapping[str, Any]) -> str | None:
         resumed = event.get("resumed_from_step")
         how = f"resumed at step {resumed}" if resumed is not None else "started"
         return (f"run {event.get('run_id')} {how}: {event.get('model')} on {event.get('device')} "
-                f"({event.get('strategy')}), {event.get('epochs')} epoch(s), {event.get('total_steps')} steps")
+                f"({event.get('strategy')}), {_count(event.get('epochs'), 'epoch')}, {_count(event.get('total_steps'), 'step')}")
     if kind == "epoch":
         return (f"epoch {event.get('epoch')}: test acc {fmt(event.get('test_acc'), '%', 2)}, "
                 f"test loss {fmt(event.get('test_loss'), '', 4)}; checkpoint saved")
@@ -293,3 +293,10 @@ def event_line(event: Mapping[str, Any]) -> str | None:
     if kind == "error":
         return f"run failed: {event.get('message')}"
     return None
+
+
+def _count(value: Any, noun: str) -> str:
+    """"12 epochs", "1 step"; "n/a epochs" for what is not a whole number."""
+    from gputui.units import plural
+
+    return plural(value, noun) if isinstance(value, int) and not isinstance(value, bool) else f"n/a {noun}s"

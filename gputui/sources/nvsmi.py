@@ -302,7 +302,7 @@ def parse_report(text: str, gpu_fields: tuple[str, ...]) -> RemoteReading:
     gpu_body, gpu_code = bodies["gpu"], codes.get("gpu", -1)
     invalid = tuple(clean(f) for f in _INVALID_FIELD.findall(gpu_body))
     if invalid:
-        message = f"nvidia-smi rejects field(s) {', '.join(invalid)}"
+        message = f"nvidia-smi rejects {'field' if len(invalid) == 1 else 'fields'} {', '.join(invalid)}"
         return replace(base, state=HostState.ERROR, message=message, invalid_fields=invalid)
     failure = _smi_failure(gpu_body, gpu_code)
     if failure is not None:

@@ -12,6 +12,7 @@ gputui.sources.jump); a failed bastion is named in the host's state.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -37,6 +38,14 @@ MIN_CPU_JIFFIES = 5.0  # below this, a CPU % between two /proc/stat readings is 
 # for that poll, and its channel is closed rather than read on.
 MAX_POLL_BYTES = 1 << 20
 MAX_LINE_BYTES = 64 << 10  # a line of that answer is a few hundred bytes
+
+RETRY_NOTE = " (retry in {delay:g} s)"  # what a failed host's message ends with while the source keeps polling
+_RETRY_RE = re.compile(r" \(retry in [0-9.e+-]+ s\)$")
+
+
+def without_retry(message: str | None) -> str | None:
+    """A failed host's message without the retry note (a one-round view retries nothing)."""
+    return None if message is None else _RETRY_RE.sub("", message)
 
 
 class CommandTimeout(Exception):
@@ -201,7 +210,7 @@ class SshHost:
         self.failure = failure
         delay = self._backoff.next_delay()
         self._retry_at = self._clock() + delay
-        self.snapshot = self._snap(failure.state, f"{failure.line()} (retry in {delay:g} s)", start, duration)
+        self.snapshot = self._snap(failure.state, f"{failure.line()}{RETRY_NOTE.format(delay=delay)}", start, duration)
 
     def close(self) -> None:
         """Close the connection (also one being opened right now); a later poll opens a new one."""

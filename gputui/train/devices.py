@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from gputui.errors import UserError
+from gputui.units import plural
 
 
 def resolve_device(spec: str) -> tuple[torch.device, str]:
@@ -32,7 +33,7 @@ def resolve_device(spec: str) -> tuple[torch.device, str]:
         index = int(spec.split(":", 1)[1]) if ":" in spec else 0
         count = torch.cuda.device_count()
         if index >= count:
-            raise UserError(f"--device {spec}: only {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})")
+            raise UserError(f"--device {spec}: only {plural(count, 'CUDA device')} visible (cuda:0..cuda:{count - 1})")
         return torch.device("cuda", index), f"forced ({torch.cuda.get_device_name(index)})"
     raise UserError(f"--device {spec}: expected auto, cpu, mps, cuda or cuda:N")
 

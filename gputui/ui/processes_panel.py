@@ -22,9 +22,10 @@ from gputui.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
 from gputui.telemetry_view import duration
 from gputui.ui.bindings import process_bindings
 from gputui.ui.tables import KeyedTable
+from gputui.units import plural
 
-COLUMNS = (("host", "host"), ("GPU", None), ("PID", "pid"), ("user", "user"), ("GPU MiB", "memory"), ("SM", "sm"),
-           ("CPU", "cpu"), ("RSS MiB", "rss"), ("time", "time"), ("command", "command"))
+COLUMNS = (("host", "host"), ("GPU", None), ("PID", "pid"), ("user", "user"), ("GPU mem", "memory"), ("SM", "sm"),
+           ("CPU", "cpu"), ("RSS", "rss"), ("time", "time"), ("command", "command"))
 SORT_NAMES = {"memory": "GPU memory", "sm": "SM %", "cpu": "CPU %", "pid": "PID", "user": "user", "rss": "RSS",
               "time": "time", "host": "host", "command": "command"}
 COMMAND_W = 200  # characters of a command line kept (the table cuts it to the screen)
@@ -151,7 +152,7 @@ class ProcessScreen(Screen[None]):
             summary = "waiting for the first round of telemetry ..."
         else:
             hosts = len(self.frame.hosts)
-            summary = f"{len(self.shown)} of {len(found)} compute process(es) on {hosts} host(s), {order}"
+            summary = f"{len(self.shown)} of {plural(len(found), 'compute process')} on {plural(hosts, 'host')}, {order}"
             if wanted.user or wanted.command:
                 summary += f"; filter: {wanted}"
         self.query_one("#processes-summary", Static).update(Text(clean(summary)))

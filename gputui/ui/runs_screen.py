@@ -27,6 +27,7 @@ from gputui.model.text import clean
 from gputui.ui.bindings import Key
 from gputui.ui.screens import ChoiceScreen
 from gputui.ui.tables import KeyedTable
+from gputui.units import plural
 
 # Keys of the runs screen, shown in its footer.
 RUNS_KEYS: tuple[Key, ...] = (
@@ -213,7 +214,9 @@ def live_lines(home: Path) -> list[tuple[str, str]]:
         age = "" if s.last_event is None else f", last event {max(0, int(time.time() - s.last_event))} s ago"
         profile = f", profile {Path(known.profile).name}" if known.profile else ""
         what = " · ".join(x for x in (s.model, s.device, s.strategy) if x) or "starting"
-        out.append((str(run.path), f"{run.run_id}  {what}  epoch {s.epochs_done}/{s.epochs or '?'}  "
+        # the epoch it is in, counted as the training panel and `gputui run` count it (from 1)
+        epoch = s.epochs_done + 1 if s.epochs is None else min(s.epochs_done + 1, s.epochs)
+        out.append((str(run.path), f"{run.run_id}  {what}  epoch {epoch}/{s.epochs or '?'}  "
                                    f"pid {known.pid}{profile}{age}"))
     return out
 
@@ -243,7 +246,7 @@ class AttachScreen(ModalScreen[str | None]):
         options = self.query_one(OptionList)
         options.clear_options()
         options.add_options([Option(Text(clean(line)), id=path) for path, line in message.found])
-        note = (f"{len(message.found)} run(s) going" if message.found
+        note = (f"{plural(len(message.found), 'run')} going" if message.found
                 else f"no run is going on this machine (under {self.home}); t starts one")
         self.query_one("#attach-note", Static).update(Text(clean(note)))
         options.display = bool(message.found)

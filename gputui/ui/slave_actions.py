@@ -11,6 +11,7 @@ from gputui.ui.base import DashboardBase
 from gputui.ui.messages import CloudNote, SlavesChanged
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
+from gputui.units import plural
 
 
 
@@ -82,7 +83,7 @@ class SlaveActions(DashboardBase):
             slaves = self.get_slaves()
             if slaves is not None:
                 count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
-                done = f"d: terminated {what}" if what and count else f"{count} slave(s) terminated"
+                done = f"d: terminated {what}" if what and count else f"{plural(count, 'slave')} terminated"
                 self.post_message(CloudNote(done, notify=bool(what)))
         except GputuiError as exc:
             self.post_message(CloudNote(f"terminate failed: {exc}", "error", notify=True))
@@ -91,7 +92,7 @@ class SlaveActions(DashboardBase):
     def live_slaves_text(self) -> str:
         live = self.cost_frame.live if self.cost_frame is not None else ()
         rate = sum(s.usd_per_hour or 0.0 for s in live)
-        return f"{len(live)} slave(s) running ({money(rate, 2)}/h)"
+        return f"{plural(len(live), 'slave')} running ({money(rate, 2)}/h)"
 
     def action_terminate_all(self) -> None:
         if self._no_cloud():
