@@ -368,9 +368,31 @@ def x_label(axis: str, value: float) -> str:
 
 def y_label(value: float, step: float | None = None, percent: bool = False) -> str:
     """A tick label on a y axis: as many decimals as the tick spacing needs."""
-    digits = 0 if not step or step >= 1 else min(4, max(0, -math.floor(math.log10(step) + 1e-9)))
+    digits = _decimals(step) if step else 0  # a spacing of 2.5 needs one decimal: 97.5, never 98
     text = f"{value:.{digits}f}" if step else f"{value:g}"
     return text + ("%" if percent else "")
+
+
+def _decimals(value: float) -> int:
+    """Decimals `value` needs to read as itself (at most 4): 0.25 -> 2, 10 -> 0."""
+    text = f"{value:.4f}".rstrip("0")
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def axis_labels(values: Sequence[float], step: float | None = None, percent: bool = False) -> list[str]:
+    """The tick labels of one axis, all with one precision: the spacing's (linear ticks), else the
+    finest any tick needs (log ticks: 1.0 and 0.1, never 1 beside 0.1)."""
+    if step:
+        return [y_label(v, step, percent) for v in values]
+    digits = max((_decimals(v) for v in values), default=0)
+    return [f"{v:.{digits}f}" + ("%" if percent else "") for v in values]
+
+
+def x_labels(axis: str, values: Sequence[float]) -> list[str]:
+    """The tick labels of an x axis in its unit, one precision for the axis (epochs 0.5, 1.0, 1.5)."""
+    if axis in ("time", "samples"):
+        return [x_label(axis, v) for v in values]
+    return axis_labels(values)
 
 
 # -- files -----------------------------------------------------------------------------------------

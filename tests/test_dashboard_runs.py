@@ -71,7 +71,7 @@ def test_the_h100_run_replayed_at_its_pace_and_at_100x_ends_right() -> None:
     assert replay(100.0)[0] == final  # the pace changes nothing: every number is the events' own
     head, second, third = final.splitlines()
     assert head.startswith("● done") and "seed · cuda:0 · single" in head
-    assert second == "done: 40 epoch(s), 4,680 steps in 16s" and "ETA" not in final
+    assert second == "done: 40 epochs, 4,680 steps in 16s" and "ETA" not in final
     assert third.startswith("loss 0.0124  acc 98.86%  best 98.86%  16s trained")
     # Mid-run: the loss is the latest (epoch 39's mean, not the first step's 2.3213), and the rate
     # is measured on the run's own clock between its progress points: 115 steps of 512 in 0.501 s
@@ -263,7 +263,7 @@ def test_resume_from_the_runs_screen_of_a_complete_run_says_so(gputui_home: Path
         await wait_for(pilot, lambda: "already complete" in log_text(app), 120, "the run's answer")
         await pilot.pause()
         assert app.training.status == "done" and app.training.run_id == "bg"
-        assert "done: 40 epoch(s)" in summary(app) and "failed" not in summary(app)
+        assert "done: 40 epochs" in summary(app) and "failed" not in summary(app)
         await pilot.press("q")
 
     drive(app, scenario, size=(160, 50))

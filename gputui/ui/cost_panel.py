@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from gputui import units
 from gputui.dashboard.cost import CostFrame, SlaveLine
@@ -27,6 +27,8 @@ COLUMNS = ("id", "type", "zone", "state", "up", "$/h", "cost")
 LEVEL_CLASS = {"ok": "cost--ok", "warn": "cost--warn", "stop": "cost--bad"}
 PACKED_FROM = 48  # a summary this wide or wider packs two figures a line (the narrow layouts)
 LABEL_W = 10
+
+NO_SLAVES = "no slaves: u starts one"
 
 
 def slaves_word(n: int) -> str:
@@ -188,6 +190,7 @@ class CostPanel(Vertical):
         with Horizontal(id="cost-top"):
             yield CostSummary(id="cost-summary")
             yield SlavesTable(id="slaves", cell_padding=0)
+            yield Static(NO_SLAVES, id="slaves-empty")
         yield CostPreview(id="cost-preview")
 
     def show(self, frame: CostFrame | None, eta_s: float | None, note: str) -> None:
@@ -203,6 +206,10 @@ class CostPanel(Vertical):
             self.screen.set_class(frame is None, "-no-cloud")  # the cost row shrinks (dashboard.tcss)
         if frame is not None and table.show(frame) and self.screen.has_class("-narrow"):
             self.scroll_visible(animate=False)  # one column that scrolls: a slave came or went, show it
+        empty = frame is not None and not frame.slaves
+        self.query_one("#slaves-empty").display = empty  # says what the empty table is, and how to fill it
+        if frame is not None:
+            table.display = not empty
         self.update_preview()
 
     def update_preview(self) -> None:

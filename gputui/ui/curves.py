@@ -22,8 +22,8 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, export_csv, linear_ticks,
-                           load_run, log_ticks, sample, thin, ticks, x_label, xy, y_label)
+from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, export_csv,
+                           linear_ticks, load_run, log_ticks, sample, thin, ticks, x_labels, xy)
 from gputui.errors import GputuiError
 from gputui.model.text import clean
 
@@ -300,22 +300,22 @@ class CurvesPanel(Vertical):
         if x_span is not None:
             lo, hi = x_span
             xt = ticks(self.axis, lo, hi, max(2, width // 10))
-            plt.xticks(xt, [x_label(self.axis, x) for x in xt])
+            plt.xticks(xt, x_labels(self.axis, xt))
         y_count = max(2, (height - 3) // 2)
         if left is not None:
             lo, hi = left
             if log:
                 yt = log_ticks(lo, hi, y_count)
-                plt.yticks([math.log10(y) for y in yt], [y_label(y) for y in yt], yside="left")
+                plt.yticks([math.log10(y) for y in yt], axis_labels(yt), yside="left")
             else:
                 yt = linear_ticks(lo, hi, y_count)
                 step = yt[1] - yt[0] if len(yt) > 1 else None
-                plt.yticks(yt, [y_label(y, step) for y in yt], yside="left")
+                plt.yticks(yt, axis_labels(yt, step), yside="left")
             plt.ylabel("loss (log)" if log else "loss", yside="left")
         if right is not None:
             yt = linear_ticks(right[0], right[1], y_count)
             step = yt[1] - yt[0] if len(yt) > 1 else None
-            plt.yticks(yt, [y_label(y, step, percent=True) for y in yt], yside="right")
+            plt.yticks(yt, axis_labels(yt, step, percent=True), yside="right")
             plt.ylabel("test acc (%)", yside="right")
         plt.xlabel(X_LABELS[self.axis])
         self._set_legend(self._legend(shown, x_span is not None))

@@ -92,6 +92,7 @@ class HostsView(ScrollView, can_focus=True):
         self._strips: dict[int, Strip] = {}
         self._styles: dict[str, Style] = {}
         self._built_width = 0
+        self._seen: set[str] = set()  # the hosts of the last frame: one that appears is scrolled to
 
     def watch_frame(self) -> None:
         self._rebuild()
@@ -134,19 +135,34 @@ class HostsView(ScrollView, can_focus=True):
             return
         width = max(20, self.scrollable_content_region.width)
         lines: list[Line] = []
+        shown: tuple[int, int] | None = None  # the lines of the first host that appeared
         if self.frame is None:
             lines += self._wrapped(self.error or "waiting for the first round of telemetry ...", width, "hosts--dim")
         else:
             for host in self.frame.hosts:
+                first = len(lines)
                 lines += self._host_lines(host, width)
                 lines.extend(self._gpu_line(host, gpu, width) for gpu in host.gpus)
+                if shown is None and self._seen and host.name not in self._seen:
+                    shown = (first, len(lines))
+            self._seen = {host.name for host in self.frame.hosts}
             if not self.frame.hosts:
                 lines.append([("no hosts", self._style("hosts--dim"))])
             if self.error:
                 lines += self._wrapped(self.error, width, "hosts--bad")
         self._lines, self._strips, self._built_width = lines, {}, width
         self.virtual_size = Size(width, len(lines))
+        if shown is not None:  # once the new size is laid out (the scroll range follows it)
+            self.call_after_refresh(self._show_lines, *shown)
         self.refresh()
+
+    def _show_lines(self, start: int, end: int) -> None:
+        """Scroll so lines start..end show (a new slave's host and its GPUs), its top first."""
+        height = self.scrollable_content_region.height
+        top = self.scroll_offset.y
+        if height <= 0 or (start >= top and end <= top + height):
+            return
+        self.scroll_to(y=min(start, max(0, end - height)) if end - start <= height else start, animate=False)
 
     def _wrapped(self, text: str, width: int, style: str, indent: int = 0, most: int = 0) -> list[Line]:
         """`text` (data: cleaned, never markup) folded at word boundaries to `width`."""

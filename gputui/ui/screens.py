@@ -44,7 +44,7 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help", classes="dialog"):
-            yield Label("gputui dashboard: keys", classes="title")
+            yield Label("gputui dashboard: keys   (Esc, ? or q closes this help)", classes="title")
             yield Static(keys_table(), id="help-keys")
             yield Label("In the process table (P):", classes="subtitle")
             yield Static(keys_table(PROCESS_KEYS), id="help-process-keys")

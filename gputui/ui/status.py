@@ -72,7 +72,10 @@ class StatusBar(Widget):
             parts.append((f"{SEP}{self.mode}", "status--dim"))
         text = Text("gputui", style("status--name"))
         for number, (part, name) in enumerate(parts):
-            # the stopping note (a run waiting) may be cut; the mode drops whole when it does not fit
+            # the stopping note (a run waiting) may be cut; the mode falls back to its short form
+            # ("demo") when the whole note does not fit, so a demo always says it is one
+            if part.startswith(SEP + self.mode) and self.mode and text.cell_len + len(part) > room:
+                part = SEP + self.mode.split(":")[0]
             if text.cell_len + len(part) <= room or name == "status--warn" or number == 0:
                 text.append(part, style(name))
         text.truncate(room, overflow="ellipsis")
@@ -83,11 +86,15 @@ class StatusBar(Widget):
 
 
 class DashboardFooter(Footer):
-    """Textual's footer with the keys in PINNED docked at its right end: at 80 columns the
-    others scroll (mouse wheel) but ? and q never leave the screen."""
+    """Textual's footer with the keys in PINNED docked at its right end, so ? and q never leave
+    the screen; of the others, those that fit whole show (in their order), none cut in half: at
+    80 columns the last few are left to the help (?), which lists every key."""
+
+    _widths: dict[str, int] = {}  # a key's width on screen, by action (labels do not change)
 
     def on_resize(self) -> None:
         self.compact = self.size.width < 120  # less room between keys: more of them show
+        self.call_after_refresh(self._fit_keys)
 
     def compose(self) -> ComposeResult:
         pinned: list[FooterKey] = []
@@ -99,3 +106,27 @@ class DashboardFooter(Footer):
         if pinned:
             with HorizontalGroup(id="footer-pinned"):
                 yield from sorted(pinned, key=lambda key: PINNED.index(key.action))
+        self.call_after_refresh(self._fit_keys)  # a recompose (other bindings) lays the keys out anew
+
+    def _fit_keys(self) -> None:
+        """Show the keys that fit whole left of the pinned ones; hide the rest."""
+        if not self.is_attached:
+            return
+        keys = [w for w in self.children if isinstance(w, FooterKey)]
+        for key in keys:
+            if key.display and key.outer_size.width:
+                self._widths = {**self._widths, key.action: key.outer_size.width}
+        if any(key.action not in self._widths for key in keys):  # not measured yet: show all, measure next
+            for key in keys:
+                key.display = True
+            if self.size.width and not getattr(self, "_measuring", False):
+                self._measuring = True
+                self.call_after_refresh(self._fit_keys)
+            return
+        self._measuring = False
+        pinned = self.query("#footer-pinned")
+        room = self.size.width - (pinned.first().outer_size.width if pinned else 0)
+        used = 0
+        for key in keys:
+            used += self._widths[key.action]
+            key.display = used <= room

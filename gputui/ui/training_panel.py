@@ -50,6 +50,9 @@ class TrainingSummary(Widget):
                                  f"\npress t to train ({clean(self.profile)}), r to resume the last run, "
                                  "a to attach to a running one")
         width = max(20, self.size.width)
+        if s.status == "starting" and s.step is None:  # the process is up, its first event is to come
+            return Text.assemble(self._head(s, width), "\n",
+                                 ("starting (loading torch and the data)", self._style("training--dim")))
         lines = [self._head(s, width), self._final(s, width) if s.ended else self._progress(s, width),
                  self._numbers(s, width)]
         for line in lines:
@@ -108,9 +111,10 @@ class TrainingSummary(Widget):
         after = f" after {units.duration(s.elapsed_s)}" if s.elapsed_s is not None else ""
         if s.status == "done":
             epochs = s.epochs if s.epochs is not None else s.epoch
-            return Text(self._fit(width, f"done: {epochs} epoch(s), {units.count(s.step)} steps in "
+            said = units.plural(epochs, "epoch") if isinstance(epochs, int) else "n/a epochs"
+            return Text(self._fit(width, f"done: {said}, {units.count(s.step)} steps in "
                                          f"{units.duration(s.elapsed_s)}",
-                                  f"done: {epochs} epoch(s) in {units.duration(s.elapsed_s)}"),
+                                  f"done: {said} in {units.duration(s.elapsed_s)}"),
                         self._style("training--ok"))
         if s.status == "failed":
             return Text(clean(f"failed: {s.error or 'the run failed'}"), self._style("training--bad"))
