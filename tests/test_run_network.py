@@ -83,7 +83,7 @@ def test_the_loopback_checks_see_a_wide_socket() -> None:
 
 @pytest.fixture(scope="module")
 def node(cluster_nodes: ClusterNodes) -> Sshd:
-    return cluster_nodes.node(0)
+    return cluster_nodes.shared_node(0)
 
 
 def cluster_run(profile: Path, data: Path, run_dir: Path) -> Child:
@@ -143,6 +143,6 @@ def test_direct_rendezvous_warns_and_binds_master_addr_alone(
         sockets = listening([psutil.Process(run.proc.pid)])
         assert run.finish(240) == 0, run.stderr
     port = int(cluster["rdzv"].rsplit(":", 1)[1])
-    assert f"127.0.0.1:{port}" in warning["message"] and "can run code on every node" in warning["message"]
+    assert f"127.0.0.1:{port}" in warning["message"] and "cannot run code" in warning["message"] and "disturb or stop the run" in warning["message"]
     assert [(ip, p) for _cmd, ip, p in sockets if p == port] == [("127.0.0.1", port)]
     assert run.events[-1]["event"] == "done"

@@ -143,5 +143,5 @@ def _serve_rendezvous(ctx: RunContext) -> None:
                           f"set [cluster] rdzv_port to a free port in {s.source}") from None
     if s.rendezvous == "direct":
         ctx.emit("warning", message=f"rendezvous = \"direct\": the store on {host}:{ctx.store.port} is open to "
-                 "whoever reaches that port, and they can run code on every node; use \"tunnel\" unless "
-                 "this network is trusted")
+                 "whoever reaches that port: they cannot run code (nothing read from it is unpickled) but can "
+                 "disturb or stop the run; use \"tunnel\" unless this network is trusted")

@@ -47,11 +47,11 @@ CLUSTER_SECTION = Section(
         "master_trains": Field("bool", "Whether the master is one of the training nodes.", True),
         "master_addr": Field("str", "Address the slaves reach the master on (default: the master's end of its SSH "
                              "connection to the first slave).", None, check=_check(_ADDR, "a host name or IP address")),
-        "rdzv_port": Field("int", "Port on the master for the c10d rendezvous (0: any free port).", 29400,
+        "rdzv_port": Field("int", "Port on the master for the rendezvous store (0: any free port).", 29400,
                            minimum=0, maximum=65535),
         "rendezvous": Field("str", "How slaves reach the rendezvous store: \"tunnel\" (through their SSH connection; "
                             "the store listens on the master's loopback only) or \"direct\" (master_addr:rdzv_port, "
-                            "for a trusted network only: whoever reaches that port can run code on the nodes).",
+                            "for a trusted network only: whoever reaches that port can disturb or stop the run).",
                             "tunnel", check=lambda v: None if v in ("tunnel", "direct") else 'one of "tunnel", "direct"'),
         "max_restarts": Field("int", "torchrun --max-restarts: worker-group restarts before a node gives up.", 3,
                               minimum=0, maximum=100),
