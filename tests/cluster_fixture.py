@@ -23,10 +23,26 @@ SFTP = ("Subsystem sftp internal-sftp",)
 
 
 class ClusterNodes(SshdFactory):
-    """sshd servers on 127.0.0.2, 127.0.0.3, ... sharing host and user keys."""
+    """sshd servers on 127.0.0.2, 127.0.0.3, ... sharing host and user keys (one set per test
+    session: the factory, like the wheel, is built once per session and xdist worker)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self._shared: dict[int, Sshd] = {}
+
+    def shared_node(self, index: int) -> Sshd:
+        """The session's node at 127.0.0.(index + 2), default PATH: bootstrapped by the first module
+        that brings a run up on it, found bootstrapped by the next (the bootstrap's marker matches,
+        as on a real slave used twice). For tests that do not care what an earlier run left there;
+        `node` gives a fresh one."""
+        server = self._shared.get(index)
+        if server is None or server.process is None or server.process.poll() is not None:
+            server = self._shared[index] = self.node(index)
+        return server
 
     def node(self, index: int, path: str | None = None, fixture: str | None = None) -> Sshd:
-        """The node at 127.0.0.(index + 2) with its own HOME (`path`: its PATH)."""
+        """A new node at 127.0.0.(index + 2) with its own HOME (`path`: its PATH): nothing
+        bootstrapped it before."""
         root = self.root / f"node{len(self.servers)}"
         root.mkdir()
         server = Sshd(root, [free_port()], self.host_key, self.user_key, fixture,
@@ -36,7 +52,7 @@ class ClusterNodes(SshdFactory):
         return server.start()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNodes]:
     if not Path(SSHD).exists():
         pytest.fail("OpenSSH's sshd is needed (apt-get install openssh-server; .ci/run does it)")
@@ -47,9 +63,11 @@ def cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterN
         factory.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This gputui as a wheel, built once per module (really: pip wheel, as the master does)."""
+    """This gputui as a wheel, built once per test session (really: pip wheel, as the master does).
+    Built from the tree as it is when the first cluster test starts: edits made during a session
+    reach the slaves in the next one."""
     from gputui.cluster.wheel import build_wheel
 
     return build_wheel(tmp_path_factory.mktemp("wheels")).path
@@ -57,7 +75,7 @@ def cluster_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def pinned_wheel(cluster_wheel: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Runs use the module's wheel (other engineers editing the tree must not change it mid-test)."""
+    """Runs use the session's wheel (other engineers editing the tree must not change it mid-test)."""
     monkeypatch.setenv("GPUTUI_WHEEL", str(cluster_wheel))
     return cluster_wheel
 

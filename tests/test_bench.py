@@ -20,7 +20,7 @@ from .conftest import run_cli
 def test_bench_measures_cpu_ddp_and_the_cluster_and_keeps_the_rows(
     cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path
 ) -> None:
-    node = cluster_nodes.node(0)
+    node = cluster_nodes.shared_node(0)
     trust(gputui_home, node)
     profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key, {"device": "cpu", "threads": 1})
     result = run_cli("bench", "--json", "--steps", "12", "--batch-size", "64", "--models", "seed",

@@ -33,7 +33,7 @@ EVENT_TAG = "@@gputui-event "
 
 @pytest.fixture(scope="module")
 def slave(cluster_nodes: ClusterNodes) -> Sshd:
-    return cluster_nodes.node(0)
+    return cluster_nodes.shared_node(0)
 
 
 def slave_only(tmp_path: Path, slave: Sshd, cluster_nodes: ClusterNodes, gputui_home: Path) -> Path:

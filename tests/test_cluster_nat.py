@@ -73,7 +73,7 @@ def test_a_training_master_with_cloud_slaves_across_nat_is_refused_before_anythi
 
 @pytest.fixture(scope="module")
 def node(cluster_nodes: ClusterNodes) -> Sshd:
-    return cluster_nodes.node(0)
+    return cluster_nodes.shared_node(0)
 
 
 def kill_ssh_sessions(server: Sshd) -> int:

@@ -29,7 +29,7 @@ def _no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture()
 def slave(cluster_nodes: ClusterNodes, gputui_home: Path) -> Iterator[tuple[SlaveConnection, Path]]:
     """A connection to a loopback slave, and a directory there (the slave's own files)."""
-    server = cluster_nodes.node(0) if not cluster_nodes.servers else cluster_nodes.servers[0]
+    server = cluster_nodes.shared_node(0)
     trust(gputui_home, server)
     conn = SlaveConnection(HostSpec("s1", server.address, server.port, "root", cluster_nodes.user_key)).open_or_raise()
     assert server.home is not None

@@ -241,7 +241,7 @@ def test_a_slaves_remote_dir_is_private_and_an_open_one_is_tightened_at_the_next
     from gputui.cluster.wheel import given_wheel
     from gputui.hosts import HostSpec
 
-    node = cluster_nodes.node(0)  # a loopback sshd: the slave's files are on this machine
+    node = cluster_nodes.shared_node(0)  # a loopback sshd: the slave's files are on this machine
     trust(gputui_home, node)
     spec = HostSpec("n0", node.address, node.port, "root", cluster_nodes.user_key)
     boot = Bootstrapper("~/.gputui-cluster", "python3", given_wheel(cluster_wheel), local_dataset(small_data))
