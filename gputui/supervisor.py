@@ -22,7 +22,21 @@ import time
 import psutil
 
 TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's own SIGTERM -> SIGKILL wait for its workers
-GRACE_S = TORCHRUN_SHUTDOWN_S + 5.0
+GRACE_ENV = "GPUTUI_TEST_GRACE_S"  # a test hook only (docs/stopping.md): tests wait seconds, not 35 s
+
+
+def hook_seconds(name: str, default: float) -> float:
+    """`default`, or a positive number of seconds from the environment variable `name` (a test hook
+    that makes a real wait short; anything else there leaves the default)."""
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if 0 < value < float("inf") else default
+
+
+GRACE_S = hook_seconds(GRACE_ENV, TORCHRUN_SHUTDOWN_S + 5.0)  # read once, at import
 # What asks a run to stop with a checkpoint: Ctrl-C, a kill, and a closed terminal (SIGHUP).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGINT, signal.SIGTERM)
 _PR_SET_CHILD_SUBREAPER = 36

@@ -17,8 +17,10 @@ from .conftest import cli_env, json_lines, run_cli
 from .proc_support import Child
 
 
-def start(*args: str) -> Child:
-    return Child([sys.executable, "-m", "gputui", *args], env=cli_env(), name="gputui " + " ".join(args[:2]))
+def start(*args: str, pause_at: int | None = None) -> Child:
+    """`gputui ARGS`; with `pause_at`, the run waits after that step for a stop (a test hook)."""
+    env = cli_env(**({"GPUTUI_TEST_PAUSE_AT_STEP": str(pause_at)} if pause_at is not None else {}))
+    return Child([sys.executable, "-m", "gputui", *args], env=env, name="gputui " + " ".join(args[:2]))
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -31,24 +33,27 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
-# 1024 steps an epoch on the medium slice. Evaluations at 5/8, 3/4, 7/8 and the end of each
-# epoch: their events are never throttled (step events are, to one per 0.5 s), so a test
-# can act at a known point inside an epoch whatever the machine's speed.
-TRAIN = ["--epochs", "3", "--batch-size", "4", "--seed", "7", "--threads", "1", "--evals-per-epoch", "4"]
-STEPS = 1024
+# 32 steps an epoch on the small slice. Evaluations at 5/8, 3/4, 7/8 and the end of each epoch.
+# The runs wait at a known step (GPUTUI_TEST_PAUSE_AT_STEP) for the test's signal, so a short run
+# is signalled where the test says, whatever the machine's speed.
+TRAIN = ["--epochs", "3", "--batch-size", "16", "--seed", "7", "--threads", "1", "--evals-per-epoch", "4"]
+STEPS = 32
+INSIDE_EPOCH_2 = STEPS + 22  # after epoch 2's first evaluation (its 20th step), before its end
 
 
 def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
-    medium_data: Path, tmp_path: Path
+    small_data: Path, tmp_path: Path
 ) -> None:
     # Reference: the same run, never interrupted.
     ref = tmp_path / "ref"
-    assert main(["run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(ref)]) == 0
+    assert main(["run", "--json", "--data", str(small_data), *TRAIN, "--run-dir", str(ref)]) == 0
 
     run_dir = tmp_path / "run"
-    with start("run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(run_dir)) as child:
-        # The first evaluation inside epoch 2 (at 5/8 of it): signalled there, the run stops mid-epoch.
-        mid = child.wait_for(lambda e: e["event"] == "eval" and e["epoch"] == 2, 240, "an evaluation inside epoch 2")
+    with start("run", "--json", "--data", str(small_data), *TRAIN, "--run-dir", str(run_dir),
+               pause_at=INSIDE_EPOCH_2) as child:
+        # Signalled after step 54, inside epoch 2 and after its first evaluation: the run stops mid-epoch.
+        child.wait_for(lambda e: e["event"] == "step" and e["step"] == INSIDE_EPOCH_2, 240, f"step {INSIDE_EPOCH_2}")
+        mid = next(e for e in child.events if e["event"] == "eval" and e["epoch"] == 2)
         child.proc.send_signal(signal.SIGTERM)
         code = child.finish(60, "the checkpoint and the exit after SIGTERM")
     events, err = child.events, child.stderr
@@ -56,7 +61,7 @@ def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
     assert events[-1]["event"] == "interrupted", child.kinds()
     assert events[-1]["reason"] == "SIGTERM"
     stopped_at = events[-1]["step"]
-    assert mid["step"] <= stopped_at < 3 * STEPS  # at or after the evaluation, before the end
+    assert mid["step"] <= stopped_at == INSIDE_EPOCH_2  # at the step it was signalled at, after the evaluation
     assert stopped_at % STEPS != 0, stopped_at  # inside an epoch: the resume starts mid-epoch
     assert "interrupted: checkpoint saved" in err and "--resume" in err
     assert torch.load(run_dir / "ckpt.pt", weights_only=True)["step"] == stopped_at
@@ -72,16 +77,17 @@ def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
     assert_same_weights(weights(run_dir), weights(ref))
 
 
-def test_sigkill_resumes_from_the_last_epoch(medium_data: Path, tmp_path: Path) -> None:
+def test_sigkill_resumes_from_the_last_epoch(small_data: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    with start("run", "--json", "--data", str(medium_data), *TRAIN, "--run-dir", str(run_dir)) as child:
-        # Epoch 1's checkpoint is written before its epoch event: killed then, the run is a whole epoch from the next.
-        child.wait_for(lambda e: e["event"] == "epoch" and e["epoch"] == 1, 240, "the end of epoch 1")
+    with start("run", "--json", "--data", str(small_data), *TRAIN, "--run-dir", str(run_dir),
+               pause_at=STEPS + 5) as child:
+        # Epoch 1's checkpoint is written before its epoch event; the kill comes inside epoch 2.
+        child.wait_for(lambda e: e["event"] == "step" and e["step"] == STEPS + 5, 240, "a step inside epoch 2")
         child.proc.kill()
         child.finish(60, "the killed run's remaining output")
     ended = [e["epoch"] for e in child.events if e["event"] == "epoch"]
-    assert ended and "done" not in child.kinds(), child.kinds()
-    last = ended[-1]  # 1, unless epoch 2 ended before the kill landed
+    assert ended == [1] and "done" not in child.kinds(), child.kinds()
+    last = ended[-1]
     state = torch.load(run_dir / "ckpt.pt", weights_only=True)
     assert (state["epoch"], state["batch"], state["step"]) == (last, 0, last * STEPS)
     assert not (run_dir / "ckpt.pt.tmp").exists()

@@ -33,7 +33,7 @@ from typing import Iterator
 import psutil
 import pytest
 
-from gputui.supervisor import GRACE_S
+from gputui.supervisor import GRACE_ENV, GRACE_S
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust,
@@ -50,6 +50,9 @@ GONE_S = 15.0
 # A stop that waits for a grace period: the supervisor's (longer than torchrun's own 30 s), the
 # cluster's wait for its nodes after it, and time for a slow machine.
 GRACEFUL_S = GRACE_S + 10 + 45
+# The supervisor's grace in the runs with a stuck rank (GPUTUI_TEST_GRACE_S): what ends them is
+# still gputui's own bound (torchrun's is made 600 s), only shorter than a user's 35 s.
+STUCK_GRACE_S = 4.0
 
 HOOK = r'''
 import os
@@ -108,6 +111,8 @@ class Hooks:
             # torchrun's own SIGTERM -> SIGKILL wait for its workers, 30 s by default, made longer than
             # gputui's: what ends a stuck run must be gputui's own bound, whatever torchrun does.
             extra["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "600"
+            # gputui's grace (35 s for users) made short: the bound acts the same, the test waits less.
+            extra[GRACE_ENV] = repr(STUCK_GRACE_S)
         return cli_env(**extra)
 
     def lines(self, name: str) -> list[str]:
@@ -209,7 +214,7 @@ def _run(request: pytest.FixtureRequest, small_data: Path, tmp_path: Path) -> Ru
                    ("stopping", "trainer signalled", "ended"), [run_dir / "launcher.log"])
     request.getfixturevalue("pinned_wheel")
     nodes: ClusterNodes = request.getfixturevalue("cluster_nodes")
-    node = next((s for s in nodes.servers if s.address == "127.0.0.2"), None) or nodes.node(0)
+    node = nodes.shared_node(0)
     trust(request.getfixturevalue("gputui_home"), node)
     profile = cluster_profile(tmp_path / "cluster.toml", [node], nodes.user_key, {"threads": 1})
     assert node.home is not None

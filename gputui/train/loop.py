@@ -16,6 +16,7 @@ checkpointed (see `Trainer._check`), and `Diverged` is raised for the caller to 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +40,18 @@ __all__ = ["Diverged", "Dist", "StopFlag", "Trainer", "eval_points", "evaluate",
 
 Emit = Callable[[dict[str, Any]], None]
 STEP_EVENT_INTERVAL_S = step_event_interval()  # read once; by default a step event per 0.5 s of training
+
+
+def pause_test_step() -> int | None:
+    """GPUTUI_TEST_PAUSE_AT_STEP=N (a test hook, as GPUTUI_TEST_NAN_AT_STEP): after step N (1-based,
+    as in the step events) the run reports the step and waits, its clock stopped, until it is
+    asked to stop; a test then signals a run that is at a known step however fast the machine.
+    Unset, None."""
+    text = os.environ.get("GPUTUI_TEST_PAUSE_AT_STEP", "").strip()
+    return int(text) if text.isdigit() else None
+
+
+PAUSE_AT_STEP = pause_test_step()
 POLL_EVERY = 8  # ddp: steps between the ranks' agreement on a stop request (8 steps: well under 5 s)
 
 
@@ -242,6 +255,13 @@ class Trainer:
                    l1=None if l1 is None else round(l1, 6), **fields)
         self.meter.start()
 
+    def _pause_for_test(self) -> None:
+        """The GPUTUI_TEST_PAUSE_AT_STEP hook: wait, the clock stopped, until a stop is asked."""
+        self.meter.stop()
+        while not self.stop.is_set():
+            time.sleep(0.02)
+        self.meter.start()
+
     def _interrupt(self) -> str:
         self._check()  # the pending losses go into the checkpoint
         self.meter.stop()
@@ -282,8 +302,11 @@ class Trainer:
                 self.batch += 1
                 self.step += 1
                 self.meter.count(cfg.batch_size)
-                if due or pace.due(self.batch):
+                paused = self.step == PAUSE_AT_STEP
+                if due or pace.due(self.batch) or paused:
                     self._report_step(pace)
+                if paused:
+                    self._pause_for_test()
                 if self.batch in points and self.batch < self.steps_per_epoch:
                     self._check()  # a diverged run stops before its evaluation reads NaN
                     self.meter.stop()
