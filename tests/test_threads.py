@@ -109,7 +109,9 @@ def test_sweep_workers_share_what_is_free() -> None:
     assert default_threads(2, view) == choose_threads(2, view)[0] == 3
 
 
-def test_the_start_event_says_the_threads_and_why(small_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_start_event_says_the_threads_and_why(small_data: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the suite's one thread (tests/conftest.py) off: the real choice
     assert main(["run", "--model", "fast", "--epochs", "1", "--data", str(small_data), "--json"]) == 0
     start = next(e for e in map(json.loads, capsys.readouterr().out.splitlines()) if e["event"] == "start")
     assert isinstance(start["threads"], int) and start["threads"] >= 1
