@@ -143,3 +143,31 @@ def svg_text(svg: str) -> str:
             line = line.ljust(round(x / 12.2)) + text.replace("\xa0", " ")
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+def screen_diff(expected_svg: str, actual_svg: str, name: str = "snapshot") -> str:
+    """What differs between two snapshot SVGs, as a unified diff of their screens' text (the
+    snapshot comparison only says that something did)."""
+    import difflib
+
+    diff = difflib.unified_diff(svg_text(expected_svg).splitlines(), svg_text(actual_svg).splitlines(),
+                                f"{name} (expected)", f"{name} (now)", lineterm="")
+    return "\n".join(diff) or "(the screens' text is the same: colours or styles differ)"
+
+
+async def settled(pilot: Any, ready: Callable[[], Any] = lambda: True, what: str = "the screen to settle",
+                  timeout: float = 30.0) -> str:
+    """Wait until `ready()` holds and the screen's text is the same over two more frames; the
+    text. (Instead of a fixed pause: the frame a snapshot takes is the one the app settled on.)"""
+    app = pilot.app
+    deadline = time.monotonic() + timeout
+    before: str | None = None
+    while True:
+        await pilot.pause()
+        await app.animator.wait_until_complete()  # nothing moving
+        now = screen_text(app) if ready() else None
+        if now is not None and now == before:
+            return now
+        before = now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

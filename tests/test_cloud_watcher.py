@@ -21,6 +21,8 @@ from gputui.cloud.remote import REMOTE_CHECKPOINT, ssh_checkpointer, ssh_command
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
 
+from .proc_support import wait_until
+
 CHILD = """
 import pathlib, signal, sys, time
 out = pathlib.Path(sys.argv[1])
@@ -29,7 +31,10 @@ def stop(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 print("ready", flush=True)
-time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 60)
+if len(sys.argv) > 2 and sys.argv[2] == "stdin":
+    sys.stdin.read()  # lives until the test closes its stdin
+else:
+    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 60)
 """
 
 
@@ -84,9 +89,12 @@ def imds() -> Iterator[FakeImds]:
     fake.server.server_close()
 
 
-def start_child(tmp_path: Path, name: str, seconds: float = 60) -> tuple[subprocess.Popen[str], Path]:
+def start_child(tmp_path: Path, name: str, seconds: float | None = 60) -> tuple[subprocess.Popen[str], Path]:
+    """A process standing for a training run; `seconds=None`: it lives until its stdin is closed."""
     marker = tmp_path / f"{name}.ckpt"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(marker), str(seconds)], stdout=subprocess.PIPE, text=True)
+    life = "stdin" if seconds is None else str(seconds)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(marker), life], stdout=subprocess.PIPE, text=True,
+                             stdin=subprocess.PIPE if seconds is None else None)
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     return child, marker
 
@@ -129,12 +137,26 @@ def test_watcher_sigterms_the_training_process_on_a_notice(tmp_path: Path, imds:
 
 
 def test_gputui_cloud_watch_ends_with_the_process_when_no_notice_comes(tmp_path: Path, imds: FakeImds) -> None:
-    child, marker = start_child(tmp_path, "short", seconds=1.0)
-    result = subprocess.run([sys.executable, "-m", "gputui", "cloud", "watch", "--pid", str(child.pid),
-                             "--imds", imds.url, "--interval", "0.2"], capture_output=True, text=True, timeout=60)
-    child.wait(timeout=30)
-    assert result.returncode == 0 and not marker.exists()
-    assert "notice" not in result.stderr and imds.outcomes("GET").count("404") >= 2
+    """The process ends once the watcher has polled twice (whenever that is on a busy machine)."""
+    child, marker = start_child(tmp_path, "short", seconds=None)
+    watch = subprocess.Popen([sys.executable, "-m", "gputui", "cloud", "watch", "--pid", str(child.pid),
+                              "--imds", imds.url, "--interval", "0.2"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: imds.outcomes("GET").count("404") >= 2 or watch.poll() is not None, 120,
+                   "two polls of the metadata service")
+        assert watch.poll() is None, "the watcher ended while the process lived"
+        assert child.stdin is not None
+        child.stdin.close()  # the process ends
+        child.wait(timeout=30)
+        out, err = watch.communicate(timeout=60)
+    finally:
+        for proc in (watch, child):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert watch.returncode == 0 and not marker.exists(), err
+    assert "notice" not in err and imds.outcomes("GET").count("404") >= 2
 
 
 def test_unreachable_metadata_is_said_once_and_polling_goes_on(tmp_path: Path) -> None:

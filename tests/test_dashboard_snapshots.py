@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,8 +27,8 @@ from gputui.ui.hosts_panel import HostsView
 from gputui.ui.screens import HelpScreen
 from gputui.ui.training_actions import post_events
 from gputui.units import duration
-from tests.dashboard_support import (Clock, RecordedSource, drive, h100_events, make_backend, screen_text,
-                                     sim_provider, wait_for)
+from tests.dashboard_support import (Clock, RecordedSource, drive, h100_events, make_backend, screen_diff, screen_text,
+                                     settled, sim_provider, wait_for)
 
 SIZES = [(80, 24), (100, 30), (120, 40), (200, 50)]
 IDS = [f"{w}x{h}" for w, h in SIZES]
@@ -43,6 +44,36 @@ def utc(monkeypatch: pytest.MonkeyPatch, gputui_home: Any) -> Any:
     yield
     monkeypatch.delenv("TZ")
     time.tzset()
+
+
+SNAPSHOTS = Path(__file__).parent / "__snapshots__" / "test_dashboard_snapshots"
+
+
+@pytest.fixture
+def snap_compare(snap_compare: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """pytest-textual-snapshot's comparison, whose failure prints a text diff of the screen
+    (tests/dashboard_support.screen_diff) instead of only `assert False`."""
+    import textual._doc as doc
+
+    taken: list[str] = []
+    take = doc.take_svg_screenshot
+
+    def taking(*args: Any, **kwargs: Any) -> str:
+        taken.append(take(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(doc, "take_svg_screenshot", taking)
+
+    def compare(app: Any, **kwargs: Any) -> bool:
+        if snap_compare(app, **kwargs) or request.config.getoption("--snapshot-update", False):
+            return True
+        stored = SNAPSHOTS / f"{request.node.name}.svg"
+        if not stored.is_file():
+            raise AssertionError(f"no stored snapshot {stored} (make it with --snapshot-update)")
+        raise AssertionError(f"the screen differs from {stored.name}:\n"
+                             + screen_diff(stored.read_text(encoding="utf-8"), taken[-1], request.node.name))
+
+    return compare
 
 
 def h100_app(hosts: tuple[str, ...] = ("vm",)) -> DashboardApp:
@@ -68,10 +99,11 @@ async def replay(pilot: Any, events: list[dict[str, Any]]) -> None:
     app = pilot.app
     post_events(events, app.post_message, app.generation)  # the same fold and messages as a followed run's
     await wait_for(pilot, lambda: app.training.step == events[-1]["step"], what="the replayed events")
-    await pilot.pause(0.2)
-    for curves in app.query("CurvesPanel"):  # the curves redraw on a timer: draw the last state now
+    await settled(pilot, what="the replayed run on the screen")
+    panels = list(app.query("CurvesPanel"))
+    for curves in panels:  # the curves redraw on a timer: draw the last state now
         curves.redraw()
-    await pilot.pause(0.2)
+    await settled(pilot, lambda: all(p._drawn == p._key() for p in panels), "the curves drawn")
 
 
 async def settle_h100(pilot: Any) -> None:
@@ -88,7 +120,7 @@ async def settle_cluster(pilot: Any) -> None:
     await polls(pilot, 6)
     await replay(pilot, EVENTS[:CUT])
     app.clear_notifications()  # the launch's toast would cover the events (and times out anyway)
-    await pilot.pause(0.1)
+    await settled(pilot, lambda: not app.query("Toast"), "the toasts gone")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
@@ -193,7 +225,7 @@ def test_the_events_log_rewraps_to_its_width() -> None:
         rows = []
         for width, height in ((200, 50), (80, 24), (200, 50)):
             await pilot.resize_terminal(width, height)
-            await pilot.pause(0.2)
+            await settled(pilot, lambda: tuple(app.size) == (width, height), f"the screen at {width}x{height}")
             rows.append(sum(1 for strip in log.lines if "word" in strip.text))
         last = [strip.text for strip in log.lines][-1]
         assert "word24" in last

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,11 @@ def test_the_renewer_thread_stops_when_told(aws: Aws) -> None:
     ctx = CloudContext(load_cloud_settings(aws.profile), Ec2Provider(REGION), Ledger(), "cluster", "me")
     renewer = LeaseRenewer(ctx, interval_s=0.05).start()
     wait_until(lambda: renewer.renewals >= 3, 30, "three renewals")
+    thread = renewer._thread
+    assert thread is not None and thread.is_alive() and thread.name == "gputui-lease-cluster"
     renewer.stop()
+    assert not thread.is_alive(), "the renewer's thread still runs after stop()"
+    assert not [t for t in threading.enumerate() if t.name == "gputui-lease-cluster"]
     done = renewer.renewals
     assert renewer.renew_once() == [] and renewer.renewals == done
 
