@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import re
 import shlex
@@ -31,8 +32,17 @@ import pytest
 from tests.conftest import REPO
 
 CHROMIUM = next((p for p in (shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                    "(apt-get install chromium; scripts/setup.sh --test installs it)")
+
+
+@pytest.fixture
+def chromium_installed() -> None:
+    """Like a missing sshd or tmux: a failure, never a silent skip (CI installs all three)."""
+    if CHROMIUM is None:
+        pytest.fail("Debian's chromium is needed for this test (apt-get install chromium; "
+                    "scripts/setup.sh --test installs it)", pytrace=False)
+
+
+needs_chromium = pytest.mark.usefixtures("chromium_installed")
 
 # Before textual.js runs: keep the object that owns the xterm Terminal (it is the one that sets
 # `webglAddon` on itself) in window.__gputui, so the test can read the terminal's buffer.
@@ -408,15 +418,24 @@ def test_closing_the_tab_of_a_running_run_quits_its_dashboard(tmp_path: Path) ->
         await tab.wait(lambda s: "Hosts & GPUs" in s, 90, "the dashboard's first frame")
         await tab.press("t")
         await tab.wait(lambda s: step_shown(s) > 0, 180, "the run to train")
+        assert len(training_processes(home)) == 1, "the tab's t started one run"
         await browser.browser("Target.closeTarget", targetId=tab.target)
-        deadline = time.monotonic() + 120  # it may stop the run with a checkpoint first
+        deadline = time.monotonic() + 120  # it stops the run with a checkpoint first
         while serve.dashboards():
             assert time.monotonic() < deadline, "the dashboard outlived its closed tab by 120 s"
             await asyncio.sleep(0.5)
         # it was not killed: it quit (textual-serve's session then ends with the process)
 
     try:
-        in_browser(tmp_path, serve, scenario)
+        left = in_browser(tmp_path, serve, scenario)
+        assert left == [], f"left running after gputui serve got SIGTERM: {left}"
+        # What happens to the run: the dashboard's quit sent it one SIGTERM, and it stopped with a
+        # checkpoint (docs/stopping.md: SIGTERM to the dashboard does what q does with a run going).
+        assert training_processes(home) == [], "the closed tab's run still trains"
+        (events,) = (home / "runs").glob("*/events.jsonl")
+        last = json.loads(events.read_text().splitlines()[-1])
+        assert (last["event"], last["reason"]) == ("interrupted", "SIGTERM"), last
+        assert Path(last["checkpoint"]).is_file(), last
     finally:
         for p in training_processes(home):
             p.kill()
