@@ -50,6 +50,15 @@ MODULES: dict[str, tuple[str, ...] | None] = {
     "gputui/runs.py": None,
     "gputui/train/distributed.py": ("error_event",),
     "gputui/cluster/worker.py": ("emit_line",),
+    # Pure logic the later changes added or touched (issue 28 item 8). gputui/runs.py above holds
+    # the run resolver (`find`) and the one events reader (read_events, iter_events, EventLines,
+    # parse_event) already; here: the event builder, the "number from outside" parser, the
+    # plural helper, and the sweep's trial states (counted / requeued, as `sweep show` names them).
+    "gputui/events.py": None,
+    "gputui/model/outside.py": None,
+    "gputui/units.py": ("plural",),
+    "gputui/sweep/study.py": ("counted", "requeue_running"),
+    "gputui/sweep/show.py": ("_state", "trial_rows"),
 }
 
 # Fast in-process tests that reach those modules; mutmut runs, for each mutant, only the
@@ -66,6 +75,14 @@ TESTS = [
     "tests/test_telemetry_nvml.py",
     "tests/test_hostile_text.py::test_clean_makes_one_printable_line",
     "tests/test_hostile_text.py::test_clean_cuts_a_huge_value_and_leaves_none",
+    "tests/test_run_resolver.py",
+    "tests/test_events.py",
+    "tests/test_hostile_lines.py",
+    "tests/test_units.py",
+    "tests/test_first_minutes.py",
+    "tests/test_sweep.py",
+    "tests/test_sweep_master.py",
+    "tests/test_sweep_scheduler.py",
 ]
 # Tests in those files that start processes (a CLI, a killed writer, a guard subprocess).
 DESELECT = [
@@ -102,7 +119,8 @@ def mutmut_table() -> str:
         "only_mutate": list(MODULES),
         "also_copy": ["profiles"],
         "pytest_add_cli_args_test_selection": selection,
-        "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        # The fast tier only (tests/conftest.py): no test that starts a process or a server.
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-m", "not integration"],
         "use_git_change_detection": False,  # the scratch copy is no git repository
     }
     # JSON strings, lists and booleans (lower-cased) are valid TOML values.
