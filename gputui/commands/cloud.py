@@ -300,11 +300,16 @@ def cmd_guard(args: argparse.Namespace) -> int:
     if not args.interval > 0 or args.grace < 0:
         raise UserError("--interval must be > 0 and --grace >= 0")
 
+    said = threading.Lock()
+
     def emit(event: Any) -> None:
-        if args.json:
-            print(view.json_line(view.event_json(event)), flush=True)
-        else:
-            view.say(view.event_line(event))
+        # The guard loop and the lease renewer's thread both emit: one line at a time (print writes
+        # the text and its newline apart, and two threads' lines ran together into one).
+        with said:
+            if args.json:
+                print(view.json_line(view.event_json(event)), flush=True)
+            else:
+                view.say(view.event_line(event))
 
     ctx = context(args, listener=emit)
     with ctx.ledger, guardian.exclusive(ctx) as mine:
