@@ -176,6 +176,7 @@ def test_local_slots_are_trials_per_gpu_workers_on_each_gpu_or_the_cpu_cores(tmp
     assert [(s.name, s.device) for s in gpus] == [("cuda0-0", "cuda:0"), ("cuda0-1", "cuda:0"),
                                                   ("cuda1-2", "cuda:1"), ("cuda1-3", "cuda:1")]
     cpus = local_slots(spec, profile.run, tmp_path, workers=3, gpus=0)
-    assert [s.device for s in cpus] == ["cpu"] * 3 and all(s.threads == max(1, (os.cpu_count() or 1) // 3)
-                                                           for s in cpus)
+    assert [s.device for s in cpus] == ["cpu"] * 3 and len({s.threads for s in cpus}) == 1
+    # What is free shared out (gputui.train.threads), so at most the cores' share, at least one each.
+    assert all(1 <= s.threads <= max(1, (os.cpu_count() or 1) // 3) for s in cpus)
     assert local_slots(spec, profile.run, tmp_path, workers=0, gpus=0) == []
