@@ -284,18 +284,9 @@ def encode(event: dict[str, Any]) -> str:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """All complete events of a run (a torn last line is ignored)."""
-    out = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")  # a bad byte costs a character, not the run
-    except FileNotFoundError:
-        return []
-    for line in text.split("\n"):
-        try:
-            out.append(outside.parse_object(line))  # data: a hostile line (deep, huge, not JSON) is refused
-        except outside.Refused:
-            continue
-    return out
+    """All complete events of a run (a torn last line is ignored), through the one streamed
+    reader (iter_events: bounded lines, bad bytes replaced, hostile lines refused)."""
+    return list(iter_events(path))
 
 
 MAX_EVENT_LINE = 1 << 20  # an event line is a few hundred bytes; past this it is not one of ours

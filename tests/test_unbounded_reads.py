@@ -364,3 +364,19 @@ def test_a_torn_last_step_line_leaves_the_last_whole_steps_time(tmp_path: Path, 
     run.events.write_bytes(b"".join(lines) + whole + b'{"event": "step", "time": 1000000010.5, "ela\n')
     row = listed(capsys, tmp_path / "runs")["long"]
     assert (row["state"], row["train_s"], row["last_event"]) == ("stopped", 77.5, 1000000009.5)
+
+
+def test_a_slave_nodes_supervisor_relays_a_huge_line_cut() -> None:
+    """gputui.cluster.node relays torchrun's output on the slave: a rank printing 32 MiB with no
+    newline costs it one bounded line (cut with a marker), not its memory; lines around it pass."""
+    import io
+
+    from gputui.cluster.node import relay
+    from gputui.model.lines import OUTPUT_LINE
+
+    out = io.BytesIO()
+    relay(io.BytesIO(b"first\n" + b"x" * (32 << 20) + b"\nlast"), out)
+    lines = out.getvalue().split(b"\n")
+    assert lines[0] == b"first" and lines[2] == b"last" and lines[3] == b""
+    assert lines[1].startswith(b"x" * OUTPUT_LINE) and lines[1].endswith(b"[line cut at 64 KiB]")
+    assert len(lines[1]) < OUTPUT_LINE + 64

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from gputui.supervisor import GRACE_S, Tree, become_subreaper
 from gputui.train.distributed import _die_with_parent
@@ -87,9 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           "watcher": watcher.pid if watcher else None}) + "\n").encode())
         out.flush()
         assert proc.stdout is not None
-        for line in iter(proc.stdout.readline, b""):
-            out.write(line)
-            out.flush()
+        relay(proc.stdout, out)
     except (BrokenPipeError, OSError):  # the channel is gone: stop the trainers
         group.stop(args.grace)
     code = proc.wait()
@@ -102,3 +100,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def relay(source: Any, out: Any) -> None:
+    """Copy `source`'s output to `out` line by line, as it comes, each line at most
+    OUTPUT_LINE bytes (a longer one is cut with a marker): a rank that prints a huge line
+    without a newline costs the node a bounded buffer, not its memory."""
+    from gputui.model.lines import OUTPUT_LINE, LineSplitter, cut_marker
+
+    lines = LineSplitter(OUTPUT_LINE, cut_marker(OUTPUT_LINE))
+    while chunk := source.read1(1 << 16):
+        done = lines.feed(chunk)
+        if done:
+            out.write(b"".join(line + b"\n" for line in done))
+            out.flush()
+    tail = lines.finish()
+    if tail:
+        out.write(tail + b"\n")
+        out.flush()

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gputui.cluster.sshnode import SlaveConnection, sh
-from gputui.model.lines import LineSplitter, cut_marker
+from gputui.model.lines import OUTPUT_LINE, LineSplitter, cut_marker
 
 # (node name, "line" | "exit", text or exit code)
 Item = tuple[str, str, Any]
-MAX_LINE = 64 << 10  # a node's output line past this is cut (with a marker): a log line, not a dump
+MAX_LINE = OUTPUT_LINE  # a node's output line past this is cut (with a marker): a log line, not a dump
 READ_CHUNK = 1 << 16
 
 

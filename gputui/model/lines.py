@@ -11,6 +11,7 @@ line that long is not an event of ours.
 from __future__ import annotations
 
 KIB = 1024
+OUTPUT_LINE = 64 * KIB  # a process's output line past this is cut (with a marker): a log line, not a dump
 
 
 class LineSplitter:
