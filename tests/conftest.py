@@ -21,6 +21,10 @@ import os
 # anything imports torch: two xdist workers each running a pool of one thread per core would
 # oversubscribe the cores. Tests about the thread count gputui chooses delete it (monkeypatch).
 os.environ["OMP_NUM_THREADS"] = "1"
+# A terminal width only where a test sets one: xdist's workers inherit COLUMNS=80, and gputui's
+# piped tables fit $COLUMNS when it is set, so the same test cut its tables under -n auto alone.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 import gzip  # noqa: E402
 import inspect  # noqa: E402
@@ -144,11 +148,18 @@ _HEAVY = ("python", "torchrun", "gputui", "ssh", "sshd", "tmux", "chromium", "mo
 
 
 def _argv0(args: Any) -> str:
-    if isinstance(args, (str, bytes)):
-        first = args.split()[0] if args.split() else ""
-    else:
-        first = list(args)[0] if list(args) else ""
-    return os.path.basename(os.fsdecode(first))
+    """The program a Popen starts, by name ('' when it cannot tell)."""
+    try:
+        if isinstance(args, (str, bytes)):
+            first: Any = args.split()[0] if args.split() else ""
+        elif isinstance(args, os.PathLike):
+            first = args
+        else:
+            items = list(args)
+            first = items[0] if items else ""
+        return os.path.basename(os.fsdecode(first))
+    except (TypeError, ValueError):
+        return ""
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +174,7 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
     def init(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
         name = _argv0(args)
-        if name.startswith(_HEAVY) or name == os.path.basename(sys.executable):
+        if (name.startswith(_HEAVY) or name == os.path.basename(sys.executable)) and name != "ssh-keygen":
             started.append(name)
         real_init(self, args, *rest, **kwargs)
 
