@@ -34,80 +34,18 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from gputui import units
 from gputui.cloud.redact import scrub_url, url_host
+from gputui.config.alerts import ALERTS_SECTION, AlertSettings  # noqa: F401 - re-exported: declared there
 from gputui.model.telemetry import HostSnapshot, throttle_text
 from gputui.model.text import clean
 from gputui.paths import user_umask
-from gputui.schema import Field, Section
 
 CLEAR_MARGIN = 2.0  # degrees C / percentage points below the threshold before a reading clears
 # A process that is a gputui training run (the trainer, its DDP workers, a cluster's torchrun).
 RUN_COMMAND = re.compile(r"gputui(?:\.__main__|/__main__\.py)?\s+run\b|gputui\.train\b")
-
-
-def _check_command(value: str) -> str | None:
-    try:
-        return None if shlex.split(value) else "a command line"
-    except ValueError:
-        return "a command line with balanced quotes"
-
-
-def _check_url(value: str) -> str | None:
-    return None if re.match(r"^https?://[^\s/]+", value) else "an http:// or https:// URL"
-
-
-ALERTS_SECTION = Section(
-    name="alerts",
-    doc="When to raise an alert and where to send it; a threshold that is absent is off.",
-    fields={
-        "gpu_temperature_c": Field("float", "Alert when a GPU reaches this temperature (C).", None, minimum=1, maximum=150),
-        "gpu_memory_pct": Field("float", "Alert when a GPU's memory is this % used or more.", None, minimum=1, maximum=100),
-        "throttled_s": Field("float", "Alert when a busy GPU is held back (power cap, thermal, hw slowdown, sync boost) this many seconds.",
-                             None, minimum=0, maximum=86400),
-        "gpu_idle_s": Field("float", "Alert when a GPU running a gputui run's process stays idle this many seconds.", None,
-                            minimum=0, maximum=86400),
-        "gpu_idle_pct": Field("float", "Below this utilisation (%) a GPU counts as idle.", 5.0, minimum=0, maximum=100),
-        "unreachable_s": Field("float", "Alert when a host does not answer for this many seconds.", None, minimum=0, maximum=86400),
-        "stalled_s": Field("float", "Alert when the watched run (--run) has no step event for this many seconds.", None,
-                           minimum=1, maximum=86400),
-        "nan_loss": Field("bool", "Alert when the watched run's loss is NaN or infinite.", False),
-        "budget_pct": Field("float", "Alert when the [cloud] cluster's spend reaches this % of budget_usd.", None,
-                            minimum=1, maximum=1000),
-        "repeat_s": Field("float", "Repeat an alert that lasts every this many seconds (default: never).", None,
-                          minimum=1, maximum=7 * 86400),
-        "command": Field("str", "Command run for every alert, its JSON on stdin (split like a shell line; no shell).", None,
-                         check=_check_command),
-        "webhook": Field("str", "URL every alert's JSON is POSTed to.", None, check=_check_url),
-        "timeout_s": Field("float", "Seconds allowed to the command and to the webhook.", 10.0, minimum=0.1, maximum=300),
-    },
-)
-
-
-@dataclass(frozen=True)
-class AlertSettings:
-    """A validated `[alerts]` table; None turns an alert off."""
-
-    gpu_temperature_c: float | None = None
-    gpu_memory_pct: float | None = None
-    throttled_s: float | None = None
-    gpu_idle_s: float | None = None
-    gpu_idle_pct: float = 5.0
-    unreachable_s: float | None = None
-    stalled_s: float | None = None
-    nan_loss: bool = False
-    budget_pct: float | None = None
-    repeat_s: float | None = None
-    command: str | None = None
-    webhook: str | None = None
-    timeout_s: float = 10.0
-
-    @classmethod
-    def from_table(cls, table: Mapping[str, Any]) -> "AlertSettings":
-        """From a table `ALERTS_SECTION.validate` accepted."""
-        return cls(**dict(table))
 
 
 def alert_settings(profile: Any) -> AlertSettings | None:
@@ -192,11 +130,6 @@ class _State:
     check: _Check | None = None
 
 
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
 class AlertEngine:
     """Turns rounds into alerts: fire once, clear once, repeat at `repeat_s`."""
 
@@ -247,9 +180,9 @@ class AlertEngine:
 
     def _alert(self, check: _Check, state: str, now: float, since: float) -> Alert:
         if state == "cleared":
-            message = f"{check.what}: cleared after {_ago(now - since)} ({check.detail})"
+            message = f"{check.what}: cleared after {units.duration(now - since, 'words')} ({check.detail})"
         elif state == "repeat":
-            message = f"{check.what}: still {check.detail}, for {_ago(now - since)}"
+            message = f"{check.what}: still {check.detail}, for {units.duration(now - since, 'words')}"
         else:
             message = f"{check.what}: {check.detail}"
         return Alert(check.rule, state, clean(message, 400), now, since, check.host, check.gpu, check.run_id,
@@ -308,7 +241,8 @@ class AlertEngine:
                 quiet = None if last is None else now - last
                 holds = run.active and quiet is not None and quiet >= s.stalled_s
                 yield _Check("stalled", ("stalled", run.run_id), holds, 0.0, name, None if quiet is None else round(quiet, 1),
-                             s.stalled_s, f"no step event for {_ago(quiet or 0.0)}" if holds else "stepping again",
+                             s.stalled_s,
+                             f"no step event for {units.duration(quiet or 0.0, 'words')}" if holds else "stepping again",
                              run_id=run.run_id)
             if s.nan_loss:
                 yield _Check("nan_loss", ("nan_loss", run.run_id), run.non_finite is not None, 0.0, name,
@@ -318,7 +252,7 @@ class AlertEngine:
             pct = 100.0 * cloud.fraction
             yield _Check("budget", ("budget", cloud.cluster), pct >= s.budget_pct, 0.0, f"cluster {cloud.cluster} budget",
                          round(pct, 1), s.budget_pct,
-                         f"{pct:.0f}% of ${cloud.budget_usd:.2f} spent or committed (alert at {s.budget_pct:g}%)")
+                         f"{pct:.0f}% of {units.money(cloud.budget_usd, fixed=True)} spent or committed (alert at {s.budget_pct:g}%)")
 
 
 # -- delivery ----------------------------------------------------------------------------

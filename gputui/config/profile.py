@@ -1,0 +1,79 @@
+"""The registry: every table a profile may hold, and the profile loader.
+
+A profile is a TOML file (profiles/ ships several) with a `[run]` table and, for what it sets
+up, `[[hosts]]`, `[cloud]`, `[cluster]`, `[alerts]`, `[sweep]` and `[ui]`. Every key is
+optional unless its table says otherwise: a missing `[run]` key takes the model's own default
+(gputui.config.recipes) or the documented default. Unknown tables and keys, wrong types and
+impossible values are errors naming the file, the line, the key and what is expected (exit 2).
+
+Each table is declared in its own module of this package, which never imports this one back.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from gputui.config.alerts import ALERTS_SECTION, AlertSettings
+from gputui.config.cloud import CLOUD_SECTION, CloudSettings
+from gputui.config.cluster import CLUSTER_SECTION, ClusterSettings
+from gputui.config.hosts import HOSTS_SECTION, HostSpec
+from gputui.config.run import RUN_SECTION, RunConfig, RunSettings
+from gputui.config.schema import Section, Source
+from gputui.config.sweep import SWEEP_SECTION, SweepSpec
+from gputui.config.ui import UI_SECTION, UiSettings
+from gputui.errors import UserError, read_user_file
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# Every table a profile may hold, in the order messages list them, so that a profile is
+# validated whole whatever has been imported.
+PROFILE_SECTIONS: dict[str, Section] = {
+    "run": RUN_SECTION, "hosts": HOSTS_SECTION, "cloud": CLOUD_SECTION, "cluster": CLUSTER_SECTION,
+    "alerts": ALERTS_SECTION, "sweep": SWEEP_SECTION, "ui": UI_SECTION,
+}
+# ... and the dataclass that declares each (its `key` fields generated the Section).
+DECLARED_BY: dict[str, type] = {
+    "run": RunConfig, "hosts": HostSpec, "cloud": CloudSettings, "cluster": ClusterSettings,
+    "alerts": AlertSettings, "sweep": SweepSpec, "ui": UiSettings,
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded profile: where it came from and its validated sections."""
+
+    path: Path | None
+    run: RunSettings
+    tables: Mapping[str, Any] = field(default_factory=dict)  # the other sections, validated
+
+
+def parse_profile(text: str, path: Path | None = None) -> Profile:
+    """Validate TOML text as a profile; errors name `path`, the line and the key."""
+    source = Source(path, text)
+    where = str(path) if path else "profile"
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{where}: not valid TOML: {exc}") from None
+    for name in doc:
+        if name not in PROFILE_SECTIONS:
+            known = ", ".join(f"[{s}]" for s in PROFILE_SECTIONS)
+            raise source.error(None, name, f"unknown table or key (a profile has {known})")
+    tables = {name: PROFILE_SECTIONS[name].validate_any(value, source) for name, value in doc.items() if name != "run"}
+    run = RUN_SECTION.validate(doc.get("run", {}), source)
+    if "data" in run and path is not None:
+        data = Path(run["data"]).expanduser()
+        run["data"] = str(data if data.is_absolute() else (path.parent / data).resolve())
+    return Profile(path=path, run=RunSettings(**run), tables=tables)
+
+
+def load_profile(path: Path) -> Profile:
+    """Read and validate a profile file."""
+    text = read_user_file(path, "profile", " (profiles ship in profiles/, e.g. profiles/local.toml)")
+    return parse_profile(text, path)
