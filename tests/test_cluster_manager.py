@@ -145,7 +145,7 @@ def test_the_budget_refuses_slaves_it_cannot_pay(tmp_path: Path) -> None:
     assert len(started) == 2
     clock.now += 600  # ~$0.05 spent: the budget is gone
     assert m.budget_allows(1) is False
-    with pytest.raises(GputuiError, match=r"only 2 of the 3 cloud slave\(s\) needed could be started"):
+    with pytest.raises(GputuiError, match=r"only 2 of the 3 cloud slaves needed could be started"):
         m.ensure(3, minimum=3)
     assert "budget_refused" in kinds(m)
     assert len(m.ctx.ledger.instances(running=True)) == 2  # what ran is untouched (the guard stops it)
