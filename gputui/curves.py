@@ -112,7 +112,8 @@ class Curves:
         if resumed is None or (run_id is not None and self.run_id is not None and run_id != self.run_id):
             base = Curves(version=self.version)
         else:  # a resume repeats the steps after its checkpoint: drop those the killed run had gone past
-            cut = {name: tuple(p for p in base.series(name) if p.step is None or p.step <= resumed) for name in SERIES}
+            cut: dict[str, Any] = {name: tuple(p for p in base.series(name) if p.step is None or p.step <= resumed)
+                                   for name in SERIES}
             base = replace(base, **cut)
         spe, batch = _int(event.get("steps_per_epoch")), _int(event.get("batch_size"))
         return replace(base, run_id=run_id if isinstance(run_id, str) else base.run_id,

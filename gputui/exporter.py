@@ -123,15 +123,15 @@ class Collector:
             up.add_metric([host.name, host.kind], 1.0 if host.state.worked else 0.0)
             state.add_metric([host.name, host.state.value], 1.0)
             for attr, name, _, scale in HOST_GAUGES:
-                value = getattr(host, attr)
-                if finite(value) is not None:
+                value = finite(getattr(host, attr))
+                if value is not None:
                     hosts[name].add_metric([host.name], float(value) * scale)
             for gpu in host.gpus:
                 labels = [host.name, str(gpu.index)]
                 info.add_metric(labels + [gpu.name or "", gpu.uuid or "", host.driver or ""], 1.0)
                 for attr, name, _, scale in GPU_GAUGES:
-                    value = getattr(gpu, attr)
-                    if finite(value) is not None:
+                    value = finite(getattr(gpu, attr))
+                    if value is not None:
                         gpus[name].add_metric(labels, float(value) * scale)
                 p = _pstate(gpu.pstate)
                 if p is not None:
@@ -162,8 +162,9 @@ class Collector:
             ("gputui_cloud_budget_used_ratio", "Spent plus committed over the budget", cloud.fraction),
         ):
             family = gauge(name, doc, ("cluster",))
-            if finite(value) is not None:
-                family.add_metric([cloud.cluster], float(value))
+            number = finite(value)
+            if number is not None:
+                family.add_metric([cloud.cluster], float(number))
             yield family
 
     @staticmethod
@@ -179,8 +180,9 @@ class Collector:
             ("gputui_run_last_step_timestamp_seconds", "When the run's last step event was written", run.last_step),
         ):
             family = gauge(name, doc, ("run_id",))
-            if finite(value) is not None:
-                family.add_metric([run.run_id], float(value))
+            number = finite(value)
+            if number is not None:
+                family.add_metric([run.run_id], float(number))
             yield family
 
 

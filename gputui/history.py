@@ -15,8 +15,8 @@ from __future__ import annotations
 import csv
 import math
 import sqlite3
+import sys
 import time
-import tomllib
 from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +27,11 @@ from gputui.errors import GputuiError, UserError
 from gputui.events import typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
 from gputui.paths import runs_home
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (pyproject's tomli dependency)
+    import tomli as tomllib
 
 STATES = ("done", "interrupted", "failed", "running", "stopped")
 CURVE_EVENTS = ("step", "eval", "epoch")

@@ -229,11 +229,12 @@ def _load(path: Path) -> _Cached | None:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None
-    numbers = [data.get(k) for k in ("size", "mtime_ns", "offset")]
+    size, mtime_ns, offset = (_int(data.get(k)) for k in ("size", "mtime_ns", "offset"))
     digest, whole = Digest.from_json(data.get("digest")), Digest.from_json(data.get("whole"))
-    if any(_int(n) is None or n < 0 for n in numbers) or not isinstance(data.get("check"), str) or digest is None or whole is None:
+    if size is None or mtime_ns is None or offset is None or min(size, mtime_ns, offset) < 0 \
+            or not isinstance(data.get("check"), str) or digest is None or whole is None:
         return None
-    return _Cached(numbers[0], numbers[1], numbers[2], data["check"], digest, whole)
+    return _Cached(size, mtime_ns, offset, data["check"], digest, whole)
 
 
 def _store(path: Path, cached: _Cached) -> None:

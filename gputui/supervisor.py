@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import psutil
 
@@ -56,7 +57,7 @@ class Tree:
     """The processes of one child: the child, its descendants, and those seen under it
     before (a worker whose torchrun died is still ours). Stopped at most once."""
 
-    def __init__(self, proc: "subprocess.Popen[bytes]", marker: str | None = None) -> None:
+    def __init__(self, proc: "subprocess.Popen[Any]", marker: str | None = None) -> None:
         self.proc = proc
         # Orphans re-parented to us (subreaper) are adopted when their command line names
         # `marker` (the run directory): nothing else this process started is touched.

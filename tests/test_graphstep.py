@@ -5,6 +5,8 @@ run only on CUDA."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -136,6 +138,32 @@ def test_a_failed_replay_falls_back_and_the_step_still_runs() -> None:
     assert gs.graph is None and len(rows) == 3
     ref, _ = _eager(3)
     assert _max_diff(ref, gs.model) < 1e-5
+
+
+def test_after_the_warm_up_one_step_captures_the_graph_and_replays_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control flow of a capture that works, on the CPU: torch.cuda's graph is a stand-in that
+    counts. The step after the warm-up captures once and replays what it captured (that is the
+    step); every later step only replays."""
+    made: list[FakeGraph] = []
+
+    class FakeGraph:
+        def __init__(self) -> None:
+            self.replays = 0
+            made.append(self)
+
+        def replay(self) -> None:
+            self.replays += 1
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    x, y = _data()
+    model = _model()
+    gs = GraphStep(model, graph_optimizer("adam", model.parameters(), _lr(0), x.device), x, y, BATCH, L1,
+                   capacity=STEPS_PER_EPOCH, capture=True)
+    for step, idx in _batches(WARMUP_STEPS + 3):
+        gs(step, idx, _lr(step))
+    assert len(made) == 1 and gs.graph is made[0] and gs.impl == "graph" and gs.failed is None
+    assert made[0].replays == 3 and gs.eager_steps == WARMUP_STEPS
 
 
 def test_a_resumed_optimizer_gets_the_tensor_learning_rate_back() -> None:

@@ -10,6 +10,7 @@ its channel (its supervisor then stops what is left there).
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import subprocess
@@ -123,7 +124,7 @@ class LocalNode(NodeProc):
 
     def _read(self) -> None:
         stdout = self.proc.stdout
-        assert stdout is not None
+        assert isinstance(stdout, io.BufferedReader)  # a buffered pipe (Popen's default bufsize)
         self._pump(stdout.read1)  # what is there now (readline would hold a line of any length whole)
         self.exit_code = self.proc.wait()
         self.items.put((self.name, "exit", self.exit_code))

@@ -115,7 +115,7 @@ class TrainingChild:
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1, env=env,
                                      cwd=self.cwd)
-        self.tree = Tree(self.proc)  # type: ignore[arg-type]  # no marker: the dashboard adopts no orphans
+        self.tree = Tree(self.proc)  # no marker: the dashboard adopts no orphans
         threading.Thread(target=self._drain_stderr, name="training-stderr", daemon=True).start()
 
     def _start_detached(self, env: dict[str, str], run_dir: Path) -> None:
@@ -127,9 +127,10 @@ class TrainingChild:
         start = run.events.stat().st_size if run.events.exists() else 0  # a resume appends: follow what is new
         with open(run_dir / runs.STDERR, "ab") as err:
             self._stderr_start = err.tell()
+            # text=True changes nothing here (no pipe to read); it keeps self.proc one type, Popen[str].
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                         env=env, cwd=self.cwd, start_new_session=True)
-        self.tree = Tree(self.proc)  # type: ignore[arg-type]
+                                         env=env, cwd=self.cwd, start_new_session=True, text=True)
+        self.tree = Tree(self.proc)
         runs.write_pid(run, self.proc.pid, self.profile)  # now, not once the run has imported torch: `t` elsewhere attaches
         self.follower = Follower(run.events, alive=lambda: self.proc is not None and self.proc.poll() is None,
                                  start=start)

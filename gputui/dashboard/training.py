@@ -59,8 +59,10 @@ class TrainingState:
     steps_per_epoch: int | None = None
     total_steps: int | None = None
     resumed_from_step: int | None = None
-    epoch: int | None = None
-    step: int | None = None
+    # A step and an epoch are finite numbers as the events carry them (whole in what gputui writes;
+    # one from a foreign file may not be), like the steps of the points below.
+    epoch: float | None = None
+    step: float | None = None
     loss: float | None = None
     samples_per_s: float | None = None
     elapsed_s: float | None = None
@@ -71,7 +73,7 @@ class TrainingState:
     error: str | None = None  # the last error line of a failed run
     exit_code: int | None = None
     reason: str | None = None  # why an interrupted run stopped (SIGTERM, ...)
-    mark: tuple[int, float] | None = None  # the last progress point (step, training clock) the rate is measured from
+    mark: tuple[float, float] | None = None  # the last progress point (step, training clock) the rate is measured from
     attached: bool = False  # followed from its events file, not started by this dashboard
     curves: Curves = Curves()  # the curves panel's data (gputui.curves), folded from the same events
 
@@ -245,8 +247,8 @@ class TrainingState:
         return replace(self, status="stopped", reason=self.reason or "its process ended without a last event")
 
 
-def _rate(mark: tuple[int, float] | None, batch_size: int | None, current: float | None, step: int,
-          elapsed: float | None, said: float | None) -> tuple[float | None, tuple[int, float] | None]:
+def _rate(mark: tuple[float, float] | None, batch_size: int | None, current: float | None, step: float,
+          elapsed: float | None, said: float | None) -> tuple[float | None, tuple[float, float] | None]:
     """The recent samples/s at a progress point (step, training clock) and the new mark: the
     samples since the previous point (`mark`) over the training time since, from the events' own
     clock; the event's own rate (`said`) where there is no earlier point (the first step of a

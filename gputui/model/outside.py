@@ -146,9 +146,11 @@ class Tally:
         try:
             value, nulled = parse_counted(text, max_chars)
         except Refused as exc:
-            return self.refuse(str(exc))
+            self.refuse(str(exc))
+            return None
         if not isinstance(value, dict):
-            return self.refuse("a line that is not a JSON object")
+            self.refuse("a line that is not a JSON object")
+            return None
         if nulled:
             self.nulled += nulled
             if self._first is None:
@@ -160,7 +162,6 @@ class Tally:
         self.refused += 1
         if self._first is None:
             self._first = why
-        return None
 
     def warning(self) -> str | None:
         """The one line to say the first time this source sent something not taken, else None."""

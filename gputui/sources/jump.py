@@ -55,7 +55,7 @@ class Target:
 
     def route(self) -> str:
         """" via bastion a, b" (first hop first), " via ProxyCommand ..." or ""."""
-        hops = []
+        hops: list[str] = []
         hop = self.via
         while hop is not None:
             hops.insert(0, hop.label())

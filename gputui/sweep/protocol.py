@@ -49,5 +49,6 @@ def decode(line: str | bytes, tally: outside.Tally | None = None) -> dict[str, A
     if value is None:
         return None
     if not isinstance(value.get("op"), str):
-        return tally.refuse("a JSON object that is not a message (no op)")
+        tally.refuse("a JSON object that is not a message (no op)")
+        return None
     return value

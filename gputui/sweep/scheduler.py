@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from gputui.errors import GputuiError
 from gputui.model import outside
@@ -111,13 +111,52 @@ class Spend:
         return self.spent() + rate * mean / 3600 <= self.budget
 
 
+class SweepStudy(Protocol):
+    """What the scheduler asks of its study: an optuna.Study does it (checked below, for mypy only:
+    optuna is imported lazily)."""
+
+    def ask(self) -> Any: ...
+
+    def tell(self, trial: Any, values: float | None = None, state: Any = None) -> Any: ...
+
+    def get_trials(self, deepcopy: bool = True) -> Sequence[Any]: ...
+
+    def enqueue_trial(self, params: dict[str, Any], user_attrs: dict[str, Any] | None = None) -> None: ...
+
+
+class SweepView(Protocol):
+    """Where the sweep shows itself (gputui.sweep.view makes one: a live line, plain lines, JSON lines)."""
+
+    def sweep(self, kind: str, **fields: Any) -> None:
+        """Something happened to the sweep: slot, trial, trial_done, requeued, budget, warning, start, end,
+        shutdown_failed (a step of the shutdown that raised: the others ran)."""
+        ...
+
+    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
+        """A run event of a trial (gputui.events), as its worker wrote it."""
+        ...
+
+    def progress(self, p: Progress) -> None:
+        """The counts, after anything changed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+if TYPE_CHECKING:
+    import optuna
+
+    def _an_optuna_study_is_a_sweep_study(study: optuna.Study) -> SweepStudy:
+        return study
+
+
 class Scheduler:
     """Runs `spec.trials` trials of `study` over `slots`; `view` sees the progress and the events."""
 
-    def __init__(self, study: Any, spec: SweepSpec, run: Any, slots: Sequence[Slot], view: Any,
+    def __init__(self, study: SweepStudy | None, spec: SweepSpec, run: Any, slots: Sequence[Slot], view: SweepView,
                  stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """`study` may be None until `attach` (the workers start loading while the study is made)."""
-        self.study, self.spec, self.base, self.slots, self.view = study, spec, run, list(slots), view
+        self._study, self.spec, self.base, self.slots, self.view = study, spec, run, list(slots), view
         self.stop = stop or threading.Event()
         self.clock = clock
         self.inbox: "queue.Queue[tuple[int, str | None]]" = queue.Queue()
@@ -140,9 +179,16 @@ class Scheduler:
         if study is not None:
             self.attach(study)
 
-    def attach(self, study: Any) -> None:
-        self.study = study
+    def attach(self, study: SweepStudy) -> None:
+        self._study = study
         self._count_existing()
+
+    @property
+    def study(self) -> SweepStudy:
+        """The study attached (a programming error before `attach`)."""
+        if self._study is None:
+            raise RuntimeError("the sweep scheduler has no study yet: attach one first")
+        return self._study
 
     def start_slots(self) -> None:
         """Start every slot's worker (torch and the data load from now on)."""

@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gputui import units
 from gputui.model.text import clean
 
-
-class SweepView(Protocol):
-    def sweep(self, kind: str, **fields: Any) -> None:
-        """Something happened to the sweep: slot, trial, trial_done, requeued, budget, warning, start, end,
-        shutdown_failed (a step of the shutdown that raised: the others ran)."""
-        ...
-
-    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
-        """A run event of a trial (gputui.events), as its worker wrote it."""
-        ...
-
-    def progress(self, p: Any) -> None:
-        """The counts (scheduler.Progress), after anything changed."""
-        ...
-
-    def close(self) -> None: ...
+if TYPE_CHECKING:
+    from gputui.sweep.scheduler import SweepView
 
 
 def value_text(value: float | None, metric: str) -> str:
@@ -164,7 +150,7 @@ class Live:
         self.live.stop()
 
 
-def make_view(json_lines: bool, metric: str) -> Any:
+def make_view(json_lines: bool, metric: str) -> SweepView:
     if json_lines:
         return JsonLines()
     return Live(metric) if sys.stderr.isatty() else Lines(metric)

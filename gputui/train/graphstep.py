@@ -57,7 +57,7 @@ class GraphStep:
         self.lr = self._tensor_lr()
         self.capture = (device.type == "cuda") if capture is None else capture
         self.impl = "graph" if self.capture else "eager"
-        self.graph: Any = None
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_steps = 0
         self.failed: str | None = None
 
@@ -91,9 +91,11 @@ class GraphStep:
                 return
             except RuntimeError as exc:  # a launch error raises before the kernels run
                 self._fall_back(f"replay failed: {_line(exc)}")
-        elif self.capture and self.eager_steps >= WARMUP_STEPS and self._capture():
-            self.graph.replay()
-            return
+        elif self.capture and self.eager_steps >= WARMUP_STEPS:
+            graph = self._capture()
+            if graph is not None:
+                graph.replay()
+                return
         self._eager()
 
     def take(self) -> torch.Tensor:
@@ -133,7 +135,8 @@ class GraphStep:
             self.body()
         self.eager_steps += 1
 
-    def _capture(self) -> bool:
+    def _capture(self) -> torch.cuda.CUDAGraph | None:
+        """The captured graph (kept in self.graph), or None after falling back to eager steps."""
         try:
             graph = torch.cuda.CUDAGraph()
             self.optimizer.zero_grad(set_to_none=True)
@@ -141,9 +144,9 @@ class GraphStep:
                 self.body()
         except Exception as exc:  # noqa: BLE001 - any capture failure means: go on eagerly
             self._fall_back(f"capture failed: {_line(exc)}")
-            return False
+            return None
         self.graph = graph
-        return True
+        return graph
 
     def _fall_back(self, reason: str) -> None:
         self.graph = None

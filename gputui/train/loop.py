@@ -105,7 +105,8 @@ class Trainer:
         keep_freed_memory()
         torch.manual_seed(cfg.seed)
         model = nets.build(cfg.model, data.image_shape, data.num_classes)
-        self.model = model.to(device=device, memory_format=torch.channels_last)
+        # A library stub gap: Module.to takes memory_format (documented), its overloads do not say so.
+        self.model = model.to(device=device, memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.net = self._wrap(self.model)
         self.x, self.y = to_device(data.train_images, data.train_labels, device)
         self.test_x, self.test_y = to_device(data.test_images, data.test_labels, device)
