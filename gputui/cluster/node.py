@@ -98,9 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code if code >= 0 else 128 - code
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 def relay(source: Any, out: Any) -> None:
     """Copy `source`'s output to `out` line by line, as it comes, each line at most
@@ -118,3 +115,7 @@ def relay(source: Any, out: Any) -> None:
     if tail:
         out.write(tail + b"\n")
         out.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
