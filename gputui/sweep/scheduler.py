@@ -3,6 +3,9 @@
 One thread reads each worker's stdout into one queue; everything else (the study, the slots,
 the counts) belongs to the loop, so nothing is shared between threads but that queue.
 
+Each trial held is in one state of gputui.sweep.lifecycle (asked, pending, running, stopping,
+finished), moved only through `self.trials`; a worker's `busy` names the trial on it.
+
 One master runs a study at a time (gputui.sweep.study.master_lock). Should a trial still be
 finished by someone else (optuna-dashboard, a hand-made script), telling the study about it is
 a warning, not a crash. The shutdown is a list of independent steps: every worker is ended, every
@@ -21,12 +24,14 @@ import queue
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from gputui.errors import GputuiError
 from gputui.model import outside
 from gputui.sweep import protocol, study as studies
+from gputui.sweep.lifecycle import Outcome, Trial, Trials, TrialState
 from gputui.sweep.slots import Slot, WorkerGone, WorkerHandle
 from gputui.sweep.space import SweepSpec, suggest
 
@@ -36,30 +41,13 @@ PRIOR_TRIAL_S = 60.0  # the budget's guess of a trial's length before one has fi
 
 
 @dataclass
-class Trial:
-    """A trial the master holds: running on a worker, or waiting for one (a retry)."""
-
-    number: int
-    handle: Any  # the optuna Trial (ask-and-tell)
-    params: dict[str, Any]
-    profile: str  # the resolved run profile (TOML) the worker trains
-    attempt: int = 1
-    avoid: str | None = None  # the slot it last failed on
-    errors: list[str] = field(default_factory=list)
-    stopping: str | None = None  # "pruned" or "target" once a stop was sent
-    reached_s: float | None = None  # min time_to_accuracy: training seconds at the target
-    started: float = 0.0
-    orphaned: bool = False  # the study says it is finished already: nothing more is written to it
-
-
-@dataclass
 class Worker:
     wid: int
     slot: Slot
     handle: WorkerHandle
     spawned: float
     ready: bool = False
-    busy: Trial | None = None
+    busy: Trial | None = None  # the trial on it (running or stopping)
     fatal: str | None = None
     last_end: float | None = None  # the `time` of its last trial's last event (for the turnaround)
 
@@ -163,8 +151,7 @@ class Scheduler:
         self.workers: dict[int, Worker] = {}
         self.deaths: dict[str, int] = {}
         self.tallies: dict[str, outside.Tally] = {}  # slot -> what its workers sent that was not taken
-        self.pending: list[Trial] = []  # retries waiting for a slot
-        self.asked: list[Trial] = []  # asked ahead of need (see _ask_ahead)
+        self.trials = Trials()  # every trial held, each in its state (gputui.sweep.lifecycle)
         self.spend = Spend(spec.budget_usd, clock)
         self.turnarounds_ms: list[float] = []
         self.startups_ms: list[float] = []
@@ -172,7 +159,6 @@ class Scheduler:
         self.fatal_reasons: list[str] = []  # why workers could not start (a bad data path, no torch...)
         self._next_wid = 0
         self.progress = Progress(name=spec.name, trials=spec.trials)
-        self.untold: list[tuple[Trial, str, float | None, str | None, str | None]] = []
         self.shutdown_errors: list[str] = []  # each failed step of the shutdown, as reported
         self.shutting_down = False  # set while the slots are released (a second Ctrl-C waits for it)
         self._started = False
@@ -208,17 +194,17 @@ class Scheduler:
 
     # -- counts --------------------------------------------------------------------------
     def _count_existing(self) -> None:
-        from optuna.trial import TrialState
+        from optuna.trial import TrialState as Told
 
         p = self.progress
         for t in self.study.get_trials(deepcopy=False):
             if not studies.counted(t):
                 continue
             p.done += 1
-            if t.state == TrialState.COMPLETE:
+            if t.state == Told.COMPLETE:
                 p.complete += 1
                 self._consider_best(t.number, t.value)
-            elif t.state == TrialState.PRUNED:
+            elif t.state == Told.PRUNED:
                 p.pruned += 1
             else:
                 p.failed += 1
@@ -235,7 +221,7 @@ class Scheduler:
         return [w.busy for w in self.workers.values() if w.busy is not None]
 
     def _in_flight(self) -> int:
-        return len(self._running()) + len(self.pending) + len(self.untold) + len(self.asked)
+        return len(self.trials)  # asked, pending, running, stopping, finished and not told yet
 
     # -- workers -------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
@@ -302,13 +288,14 @@ class Scheduler:
         handle = self.study.ask()
         params = suggest(handle, self.spec.space)
         cfg = self.base.merged(RunSettings(**params)).resolve()
-        return Trial(number=handle.number, handle=handle, params=params, profile=cfg.to_toml())
+        return self.trials.add(Trial(number=handle.number, handle=handle, params=params, profile=cfg.to_toml()))
 
     def _pick(self, worker: Worker) -> Trial | None:
+        """The newest retry this worker may take (one avoids the slot it failed on, while others live)."""
         live = {w.slot.name for w in self.workers.values()}
-        for i, trial in enumerate(self.pending):
+        for trial in reversed(self.trials.queue(TrialState.PENDING)):
             if trial.avoid != worker.slot.name or live <= {worker.slot.name}:
-                return self.pending.pop(i)
+                return trial
         return None
 
     def _dispatch(self) -> None:
@@ -318,8 +305,9 @@ class Scheduler:
             if not worker.ready or worker.busy is not None:
                 continue
             trial = self._pick(worker)
-            if trial is None and self.asked and self._budget_allows():
-                trial = self.asked.pop(0)
+            asked = self.trials.queue(TrialState.ASKED)
+            if trial is None and asked and self._budget_allows():
+                trial = asked[0]
             if trial is None:
                 if not self._may_ask():
                     continue
@@ -333,14 +321,15 @@ class Scheduler:
         if self.stop.is_set():
             return
         busy = sum(1 for w in self.workers.values() if w.ready and w.busy is not None)
-        while len(self.asked) < busy - len(self.pending) and self._may_ask():
-            self.asked.append(self._ask())
+        while (self.trials.count(TrialState.ASKED) < busy - self.trials.count(TrialState.PENDING)
+               and self._may_ask()):
+            self._ask()
 
     def _start(self, worker: Worker, trial: Trial) -> None:
         directory = studies.trial_dir(self.spec.name, trial.number)
         resume = trial.attempt > 1 and (directory / "ckpt.pt").is_file()
         trial.started = self.clock()
-        trial.stopping = None
+        self.trials.start(trial)
         worker.busy = trial
         self.view.sweep("trial", trial=trial.number, slot=worker.slot.name, attempt=trial.attempt,
                         params=trial.params, resume=resume)
@@ -356,20 +345,17 @@ class Scheduler:
         if trial.attempt >= MAX_ATTEMPTS:
             self._tell(trial, "fail", error=error)
             return
-        trial.attempt += 1
-        trial.avoid = slot
-        self.pending.insert(0, trial)
+        self.trials.requeue(trial, slot)
         self.view.sweep("requeued", trial=trial.number, slot=slot, attempt=trial.attempt, message=error)
 
     def _tell(self, trial: Trial, state: str, value: float | None = None, error: str | None = None,
               slot: str | None = None) -> None:
         """Tell the study after the next dispatch: the freed worker gets its next trial first."""
-        self.untold.append((trial, state, value, error, slot))
+        self.trials.finish(trial, Outcome(state, value, error, slot))
 
     def _flush(self) -> None:
-        told, self.untold = self.untold, []
-        for args in told:
-            self._tell_now(*args)
+        for trial in self.trials.queue(TrialState.FINISHED):
+            self._tell_now(trial)
 
     def _write(self, trial: Trial, write: Callable[[], Any]) -> bool:
         """Write something of `trial` to the study; False (and a warning, once) when the study has
@@ -386,10 +372,11 @@ class Scheduler:
             return False
         return True
 
-    def _tell_now(self, trial: Trial, state: str, value: float | None = None, error: str | None = None,
-                  slot: str | None = None) -> None:
-        from optuna.trial import TrialState
+    def _tell_now(self, trial: Trial) -> None:
+        from optuna.trial import TrialState as Told
 
+        outcome = self.trials.told(trial)
+        state, value, error, slot = outcome.state, outcome.value, outcome.error, outcome.slot
         p = self.progress
         handle = trial.handle
 
@@ -401,7 +388,7 @@ class Scheduler:
                 handle.set_user_attr("slot", slot)
 
         told: dict[str, Any] = {"values": value} if state == "complete" else {
-            "state": TrialState.PRUNED if state == "pruned" else TrialState.FAIL}
+            "state": Told.PRUNED if state == "pruned" else Told.FAIL}
         if not (self._write(trial, attrs) and self._write(trial, lambda: self.study.tell(handle, **told))):
             return  # not counted: the study's own record of it stands
         if state == "complete":
@@ -436,7 +423,7 @@ class Scheduler:
         self.view.run_event(trial.number, worker.slot.name, event)
         index = protocol.integer(message.get("eval"))
         acc = protocol.number(event.get("test_acc"))
-        if kind not in ("eval", "epoch") or index is None or acc is None or trial.stopping:
+        if kind not in ("eval", "epoch") or index is None or acc is None or trial.state is TrialState.STOPPING:
             return
         if self.spec.metric == "time_to_accuracy":
             if acc >= (self.spec.target or 100.0):
@@ -452,7 +439,7 @@ class Scheduler:
             self._stop_trial(worker, trial, "pruned")
 
     def _stop_trial(self, worker: Worker, trial: Trial, reason: str) -> None:
-        trial.stopping = reason
+        self.trials.stop(trial, reason)
         try:
             worker.handle.send({"op": "stop", "trial": trial.number, "reason": reason})
         except WorkerGone:
@@ -475,7 +462,7 @@ class Scheduler:
             else:
                 self._retry(trial, error, slot)
             return
-        if trial.stopping == "pruned" and outcome == "stopped":
+        if trial.stop_reason == "pruned" and outcome == "stopped":
             self._tell(trial, "pruned", slot=slot)
         elif self.spec.metric == "time_to_accuracy":
             if trial.reached_s is not None:
@@ -561,16 +548,18 @@ class Scheduler:
         slot is closed. Each of these is a step of its own: one that raises is reported and the
         rest still run (a cloud slot's close releases paid slaves)."""
         self.shutting_down = True
-        told, self.untold = self.untold, []
         steps: list[tuple[str, Callable[[], None]]] = [
-            (f"tell the study trial {args[0].number}", lambda args=args: self._tell_now(*args)) for args in told]
+            (f"tell the study trial {t.number}", partial(self._tell_now, t))
+            for t in self.trials.queue(TrialState.FINISHED)]
         for worker in list(self.workers.values()):
-            steps.append((f"end worker {worker.slot.name}", lambda w=worker: self._end_worker(w)))
-        held = self._running() + self.pending + self.asked
+            steps.append((f"end worker {worker.slot.name}", partial(self._end_worker, worker)))
+        held = (self._running() + list(reversed(self.trials.queue(TrialState.PENDING)))
+                + self.trials.queue(TrialState.ASKED))
         for worker in self.workers.values():
             worker.busy = None
-        self.pending, self.asked = [], []
-        steps += [(f"give trial {t.number} back to the study", lambda t=t: self._give_back(t)) for t in held]
+        for trial in held:
+            self.trials.give_back(trial)
+        steps += [(f"give trial {t.number} back to the study", partial(self._give_back, t)) for t in held]
         steps += [(f"close slot {slot.name}", slot.close) for slot in self.slots]
         self._run_steps(steps)
 
@@ -584,12 +573,12 @@ class Scheduler:
             worker.handle.kill()
 
     def _give_back(self, trial: Trial) -> None:
-        from optuna.trial import TrialState
+        from optuna.trial import TrialState as Told
 
         if trial.orphaned:
             return
         wrote = self._write(trial, lambda: trial.handle.set_user_attr(studies.REQUEUED, True))
-        if not (wrote and self._write(trial, lambda: self.study.tell(trial.handle, state=TrialState.FAIL))):
+        if not (wrote and self._write(trial, lambda: self.study.tell(trial.handle, state=Told.FAIL))):
             return  # finished by someone else: theirs to run again
         self.study.enqueue_trial(dict(trial.params), user_attrs={studies.REQUEUED_FROM: trial.number})
         self.view.sweep("requeued", trial=trial.number, attempt=trial.attempt,
