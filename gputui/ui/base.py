@@ -16,6 +16,7 @@ from textual.timer import Timer
 
 from gputui.dashboard.cost import CostFrame, LaunchPreview, launch_preview
 from gputui.dashboard.hosts import HostFeed
+from gputui.dashboard.session import RunSession
 from gputui.dashboard.setup import Backend
 from gputui.dashboard.training import TrainingState
 from gputui.errors import GputuiError
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
     from gputui.dashboard.alerting import DashboardAlerts
     from gputui.dashboard.child import TrainingChild
     from gputui.dashboard.slaves import SlaveControl
+    from gputui.runs import RunDir
 
 
 PREVIEW_EVERY_S = 60.0  # how often the cloud poll prices the next `u` again
@@ -43,8 +45,6 @@ class DashboardBase(App[None]):
     # Size classes on the screen (gputui.ui's docstring: what each size shows); dashboard.tcss uses them.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-mid"), (40, "-tall")]
-    child: "TrainingChild | None" = None
-    generation = 0  # which training child messages come from (a new run ignores the old one's)
     quitting = False
 
     def __init__(self, backend: Backend) -> None:
@@ -61,7 +61,7 @@ class DashboardBase(App[None]):
         self.cloud_disabled: str | None = None
         self.cost_frame: CostFrame | None = None
         self.cost_note = ""
-        self.training = TrainingState()
+        self.session = RunSession()  # who holds the run and where it stands (gputui.dashboard.session)
         self.host_states: dict[str, HostState] = {}
         self.hosts_polls = self.cloud_polls = 0
         self._cloud_timer: Timer | None = None
@@ -70,6 +70,23 @@ class DashboardBase(App[None]):
         self.alerts: DashboardAlerts | None = None
         self.alerts_profile: Any = None  # the profile they were read from (a new profile reads them again)
         self.run_facts: RunFacts | None = None  # the run as the alerts see it (the training reader folds it)
+
+    # The run, read from the session (the keys change it through the session's moves only).
+    @property
+    def training(self) -> TrainingState:
+        return self.session.training
+
+    @property
+    def child(self) -> "TrainingChild | None":
+        return self.session.child
+
+    @property
+    def attached(self) -> "RunDir | None":
+        return self.session.attached
+
+    @property
+    def generation(self) -> int:
+        return self.session.generation
 
     def panel(self, selector: Any) -> Any:
         """A widget of the main screen (the app's own query would search a dialog on top)."""

@@ -138,8 +138,7 @@ class SlaveActions(DashboardBase):
         checkpoint, or cancel; then, with slaves running, the slaves' question."""
         if self.quitting:
             return
-        child = self.child
-        if child is not None and child.running and not child.stop_requested and not child.detached:
+        if self.session.asks_at_quit:
             run = self.training.run_id or "started here"
             where = f" (epoch {self.training.epoch}/{self.training.epochs or '?'})" if self.training.epoch else ""
 
@@ -156,10 +155,9 @@ class SlaveActions(DashboardBase):
 
     def _let_run_go(self, keep_run: bool) -> str | None:
         """At the last answer: let the run started here go on without the dashboard; what to say."""
-        child = self.child
-        if not keep_run or child is None or not child.running:
+        child = self.session.child
+        if not keep_run or child is None or not self.session.detach():
             return None
-        child.detach()
         run = self.training.run_id or "started here"
         return (f"gputui: run {run} goes on without the dashboard (pid {child.pid}); `gputui` and a attach to it "
                 f"again, `kill -TERM {child.pid}` stops it with a checkpoint")
@@ -204,8 +202,8 @@ class SlaveActions(DashboardBase):
         """Stop the run started here (checkpoint) if one is going and was not kept running, then exit."""
         self.quitting = True
         self.exit_message = message
-        self.leave_runs()  # stop following: a run attached to, or kept running, goes on
-        if self.child is not None and self.child.running and not self.child.detached:
+        self.session.leave()  # stop following: a run attached to, or kept running, goes on
+        if self.session.stops_at_quit:
             self.say("stopping the run (checkpoint) before quitting ...")
             self.run_worker(lambda: self._stop_run_then_exit(message), name="quit-training", group="training-stop",
                             thread=True, exit_on_error=False)

@@ -5,13 +5,12 @@ as a child of its own (gputui.dashboard.child: its own session, no pipe to the d
 it can outlive it), or attaches to a live run of the same profile instead of starting a
 second one; `a` attaches to any live run on this machine (its run.pid's process is alive);
 `r` resumes the run on screen (else the last one). Stopping is one SIGTERM either way: the
-run checkpoints and exits.
+run checkpoints and exits. Who holds the run, and which of these keys may act now, is the run
+session's (gputui.dashboard.session); the handlers here ask it, then draw and start workers.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -21,6 +20,7 @@ from textual.message import Message
 from gputui import runs
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.follow import Follower
+from gputui.dashboard.session import Refused
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.errors import GputuiError
 from gputui.model.text import clean_tree
@@ -118,14 +118,18 @@ def live_run_of(profile: Path, home: Path | None = None) -> runs.RunDir | None:
 
 
 class TrainingActions(DashboardBase):
-    attached: runs.RunDir | None = None  # the run followed without being this dashboard's child
-    follower: Follower | None = None  # its follower (stopped when the dashboard looks elsewhere or quits)
-    attach_stop_requested = False
+    """The keys ask the run session (gputui.dashboard.session) for a move; this draws and posts."""
+
     overlay_runs: Sequence[str] = ()  # run directories laid over the curves (the runs screen picks them)
+
+    def say_refused(self, refusal: Refused) -> None:
+        """A key the session refused: say why (some refusals have nothing to say)."""
+        if refusal.reason:
+            self.say(refusal.reason, refusal.severity, notify=True)
 
     # -- keys ----------------------------------------------------------------------------------
     def action_toggle_training(self) -> None:
-        if self.training.active and (self.child is not None or self.attached is not None):
+        if self.session.busy:
             self.stop_run()
             return
         live = live_run_of(self.backend.profile)
@@ -137,9 +141,6 @@ class TrainingActions(DashboardBase):
         self.start_training(resume=False)
 
     def action_resume(self) -> None:
-        if self.training.active and (self.child is not None or self.attached is not None):
-            self.say("a run is already going: t stops it first", "warning", notify=True)
-            return
         self.start_training(resume=True)
 
     def action_attach(self) -> None:
@@ -163,61 +164,29 @@ class TrainingActions(DashboardBase):
 
     def resume_run(self, run: runs.RunDir) -> None:
         """Resume `run` (the runs screen's r)."""
-        if self.training.active and (self.child is not None or self.attached is not None):
-            self.say("a run is already going: t stops it first", "warning", notify=True)
-            return
         self.start_training(resume=True, run=run)
 
     def stop_run(self) -> None:
         """SIGTERM to the run shown (started here or attached to): it checkpoints and exits."""
-        if self.training.status == "stopping":
+        try:
+            self.session.stop()
+        except Refused as refusal:
+            self.say_refused(refusal)
             return
-        if self.child is not None:
-            self.child.stop_requested = True  # if the process is not started yet, the worker stops it
-            self.child.stop()
-        elif self.attached is not None:
-            known = runs.live_process(self.attached)
-            if known is None:
-                self.say(f"run {self.attached.run_id} is not running any more", "warning", notify=True)
-                return
-            try:
-                os.kill(known.pid, signal.SIGTERM)
-            except OSError as exc:
-                self.say(f"cannot stop run {self.attached.run_id} (pid {known.pid}): {exc.strerror or exc}",
-                         "error", notify=True)
-                return
-            self.attach_stop_requested = True
-        self.training = replace(self.training, status="stopping")
         self.say("stopping the run: it checkpoints and exits (r resumes it)")
         self.show_training()
 
     # -- following a run -----------------------------------------------------------------------
-    def _look_away(self) -> None:
-        """Stop following the run shown (it goes on, if it was attached to)."""
-        if self.follower is not None:
-            self.follower.stop()
-        self.follower = None
-        self.attached = None
-        self.attach_stop_requested = False
-
     def attach(self, run: runs.RunDir) -> None:
         """Follow `run` (live or not): its whole events file, then what it writes."""
-        if self.child is not None and self.child.running and not self.child.detached:
-            self.say("the run started here is going: t stops it first (or quit and keep it running)", "warning",
-                     notify=True)
+        try:
+            follower = self.session.attach(run)
+        except Refused as refusal:
+            self.say_refused(refusal)
             return
-        if self.attached is not None and self.attached.path == run.path and self.training.active:
-            return  # already following it
-        self._look_away()
-        self.generation += 1
-        self.child = None
-        self.attached = run
-        self.training = TrainingState(status="starting", run_dir=str(run.path), run_id=run.run_id, attached=True)
         self.run_facts = None
         self.say(f"attached to run {run.run_id} ({run.path})")
         self.show_training()
-        follower = Follower(run.events, alive=lambda: runs.live_process(run) is not None)
-        self.follower = follower
         generation = self.generation
         self.run_worker(lambda: self._follow(follower, generation), name="training-follow", group="training",
                         thread=True, exit_on_error=False)
@@ -230,12 +199,8 @@ class TrainingActions(DashboardBase):
             self.post_message(RunGone(generation))
 
     def on_run_gone(self, message: RunGone) -> None:
-        if message.generation != self.generation:
-            return
-        self.training = self.training.gone()
-        if self.training.status == "stopped" and not self.training.run_id:
-            self.training = replace(self.training, reason="it wrote no events")
-        self.show_training()
+        if self.session.gone(message.generation):
+            self.show_training()
 
     # -- a run started here ----------------------------------------------------------------------
     def _resume_target(self) -> runs.RunDir:
@@ -247,8 +212,12 @@ class TrainingActions(DashboardBase):
 
     def start_training(self, resume: bool, run: runs.RunDir | None = None) -> None:
         try:
+            self.session.check_start()
             if resume and run is None:
                 run = self._resume_target()
+        except Refused as refusal:
+            self.say_refused(refusal)
+            return
         except GputuiError as exc:
             self.say(str(exc), "warning", notify=True)
             return
@@ -258,24 +227,17 @@ class TrainingActions(DashboardBase):
             self.say(f"run {run.run_id} is going already: attached to it", "warning", notify=True)
             self.attach(run)
             return
-        self._look_away()
-        self.generation += 1
         argv = with_run_dir(self.backend.training_argv(resume), run.path, resume)
         child = TrainingChild(argv, on_progress=self.backend.child_progress, clock=self.backend.stop_clock,
                               run_dir=run.path, profile=None if resume else self.backend.profile)
-        self.before_resume = self.training if resume else None
-        self.child = child
-        self.training = TrainingState(status="starting")
+        generation = self.session.start(child, resume)
         self.run_facts = None
         self.say(("resuming run: " if resume else "starting a run: ") + "gputui " + " ".join(argv[3:]))
         self.show_training()
         if self.feed is not None:
             self.feed.training(True)
-        generation = self.generation
         self.run_worker(lambda: self._read_child(child, generation), name="training", group="training", thread=True,
                         exit_on_error=False)
-
-    before_resume: TrainingState | None = None
 
     def _read_child(self, child: TrainingChild, generation: int) -> None:
         """Worker: start the child, post its progress, then its exit code and last error line."""
@@ -306,39 +268,23 @@ class TrainingActions(DashboardBase):
             yield item
 
     def on_training_update(self, message: TrainingUpdate) -> None:
-        if message.generation != self.generation:
-            return
-        state = message.state
-        stopping = (self.child is not None and self.child.stop_requested) or (
-            self.attached is not None and self.attach_stop_requested)
-        if stopping and state.status == "running":
-            state = replace(state, status="stopping")
-        self.training = state
-        self.show_training()
+        if self.session.update(message.generation, message.state):
+            self.show_training()
 
     def on_training_line(self, message: TrainingLine) -> None:
         if message.generation == self.generation:
             self.say(message.text, message.severity, notify=message.severity == "error")
 
     def on_training_exited(self, message: TrainingExited) -> None:
-        if message.generation != self.generation:
+        notes = self.session.exited(message.generation, message.code, message.error)
+        if notes is None:
             return
-        stopped = self.child is not None and self.child.stop_requested
-        said = self.training.status == "failed"  # its `error` event is in the log already
-        if message.code == 0 and self.training.status == "starting" and message.error:
-            # A resume of a run that is complete: the run said so and did nothing; show how it ended.
-            run_dir = self.child.run_dir if self.child is not None else None
-            ended = TrainingState().replay(clean_tree(read_events(run_dir / EVENTS))) if run_dir is not None else None
-            self.training = ended if ended is not None and ended.ended else (self.before_resume or TrainingState())
-            self.say(message.error, "warning", notify=True)
-        else:
-            self.training = self.training.exited(message.code, message.error if message.code else None, stopped)
+        for text, severity in notes:
+            self.say(text, severity, notify=True)
         if self.run_facts is not None:
             from gputui.dashboard.alerting import run_ended
 
             self.run_facts = run_ended(self.run_facts)
-        if self.training.status == "failed" and not said:
-            self.say(f"run failed (exit {message.code}): {self.training.error}", "error", notify=True)
         if self.feed is not None:
             self.feed.training(False)
         self.show_training()
@@ -347,13 +293,6 @@ class TrainingActions(DashboardBase):
         """However the app ends (q, or a `gputui serve` tab closed: no question asked), nothing
         follows a run any more, so no worker outlives the app; a run started here that was neither
         stopped nor kept by an answer goes on by itself (its own session), as if kept."""
-        child = self.child
-        if child is not None and child.running and not child.detached and not child.stop_requested:
-            child.detach()
-        self.leave_runs()
-
-    def leave_runs(self) -> None:
-        """At quit: stop following (a run started here and kept goes on by itself)."""
-        self._look_away()
-        if self.child is not None and self.child.detached and self.child.follower is not None:
-            self.child.follower.stop()
+        if self.session.asks_at_quit:
+            self.session.detach()
+        self.session.leave()  # stop following (a run started here and kept goes on by itself)
