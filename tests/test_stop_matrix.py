@@ -50,8 +50,9 @@ GONE_S = 15.0
 # A stop that waits for a grace period: the supervisor's (longer than torchrun's own 30 s), the
 # cluster's wait for its nodes after it, and time for a slow machine.
 GRACEFUL_S = GRACE_S + 10 + 45
-# The supervisor's grace in the runs with a stuck rank (GPUTUI_TEST_GRACE_S): what ends them is
-# still gputui's own bound (torchrun's is made 600 s), only shorter than a user's 35 s.
+# The supervisor's grace in the run whose stuck rank only the grace ends (GPUTUI_TEST_GRACE_S):
+# still gputui's own bound (torchrun's is made 600 s), only shorter than a user's 35 s. The runs
+# stopped twice keep the real grace: their second Ctrl-C must come while the first stop is going.
 STUCK_GRACE_S = 4.0
 
 HOOK = r'''
@@ -103,7 +104,7 @@ class Hooks:
 
     path: Path
 
-    def env(self, stuck: str | None = None, **more: str) -> dict[str, str]:
+    def env(self, stuck: str | None = None, grace: float | None = None, **more: str) -> dict[str, str]:
         extra = {"PYTHONPATH": os.pathsep.join(p for p in (str(self.path), os.environ.get("PYTHONPATH", "")) if p),
                  "GPUTUI_TEST_HOOK_DIR": str(self.path), "GPUTUI_STEP_EVENT_INTERVAL": "0.05", **more}
         if stuck is not None:
@@ -111,8 +112,8 @@ class Hooks:
             # torchrun's own SIGTERM -> SIGKILL wait for its workers, 30 s by default, made longer than
             # gputui's: what ends a stuck run must be gputui's own bound, whatever torchrun does.
             extra["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "600"
-            # gputui's grace (35 s for users) made short: the bound acts the same, the test waits less.
-            extra[GRACE_ENV] = repr(STUCK_GRACE_S)
+        if grace is not None:  # gputui's grace (35 s for users) made short: the bound acts the same
+            extra[GRACE_ENV] = repr(grace)
         return cli_env(**extra)
 
     def lines(self, name: str) -> list[str]:
@@ -223,8 +224,8 @@ def _run(request: pytest.FixtureRequest, small_data: Path, tmp_path: Path) -> Ru
                ("stopping",), [run_dir / "nodes"])
 
 
-def start(run: Run, hooks: Hooks, stuck: bool = False) -> Child:
-    return Child(run.argv, env=hooks.env(run.stuck_rank if stuck else None), name=f"gputui run ({run.kind})")
+def start(run: Run, hooks: Hooks, stuck: bool = False, grace: float | None = None) -> Child:
+    return Child(run.argv, env=hooks.env(run.stuck_rank if stuck else None, grace), name=f"gputui run ({run.kind})")
 
 
 def first_step(run: Run, child: Child) -> None:
@@ -370,7 +371,7 @@ def test_a_rank_stuck_in_a_collective(run: Run, hooks: Hooks) -> None:
     """One rank never joins the next all_reduce, and ignores signals; its peer waits inside the
     collective (gloo's own timeout is 30 minutes), and torchrun would wait 10 minutes before its
     SIGKILL. One SIGINT: gputui's grace ends, and every process of the run goes with SIGKILL."""
-    with start(run, hooks, stuck=True) as child:
+    with start(run, hooks, stuck=True, grace=STUCK_GRACE_S) as child:
         first_step(run, child)
         stick(run, child, hooks)
         child.proc.send_signal(signal.SIGINT)
