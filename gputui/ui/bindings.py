@@ -69,8 +69,8 @@ PROCESS_KEYS: tuple[Key, ...] = (
 
 
 def process_bindings() -> list[BindingType]:
-    return [Binding(k.key, k.action, k.label, key_display=k.display) for k in PROCESS_KEYS] + [
-        Binding("P", "close", "Back", show=False)]
+    keys: list[BindingType] = [Binding(k.key, k.action, k.label, key_display=k.display) for k in PROCESS_KEYS]
+    return keys + [Binding("P", "close", "Back", show=False)]
 
 
 def bindings() -> list[BindingType]:

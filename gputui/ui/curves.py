@@ -104,7 +104,8 @@ def _plot_class() -> Any:
 
             def render_direct(self) -> Text:
                 """What `PlotextPlot.render` returns, from plotext's matrix without the ANSI round trip."""
-                plot = self._plot
+                # plotext's internals (_set_sizes, _build_matrix, monitor) are not in textual-plotext's types
+                plot: Any = self._plot
                 plot.plotsize(self.size.width, self.size.height)
                 plot._set_size(self.size.width, self.size.height)  # as PlotextPlot.render does
                 plot.theme(self._get_plotext_theme_name(self.app.theme))
@@ -247,7 +248,7 @@ class CurvesPanel(Vertical):
         found = self.query("#curves-plot")
         if not found:  # not mounted yet (the first frame comes first): drawn once it is
             return
-        plot = found.first()
+        plot = found.first(_plot_class())
         self._drawn = self._key()
         self.rebuilds += 1
         plt = plot.plt

@@ -39,8 +39,8 @@ RUNS_KEYS: tuple[Key, ...] = (
 
 
 def runs_bindings() -> list[BindingType]:
-    return [Binding(k.key, k.action, k.label, key_display=k.display) for k in RUNS_KEYS] + [
-        Binding("R", "close", "Back", show=False), Binding("delete", "delete", "Delete", show=False)]
+    keys: list[BindingType] = [Binding(k.key, k.action, k.label, key_display=k.display) for k in RUNS_KEYS]
+    return keys + [Binding("R", "close", "Back", show=False), Binding("delete", "delete", "Delete", show=False)]
 
 
 # history.COLUMNS in the screen's order: what tells runs apart first (a narrow screen scrolls to the rest).

@@ -38,8 +38,8 @@ STATE_STYLE = {"running": "bold", "complete": "green", "pruned": "yellow", "fail
 
 
 def sweep_bindings() -> list[BindingType]:
-    return [Binding(k.key, k.action, k.label, key_display=k.display) for k in SWEEP_KEYS] + [
-        Binding("W", "close", "Back", show=False)]
+    keys: list[BindingType] = [Binding(k.key, k.action, k.label, key_display=k.display) for k in SWEEP_KEYS]
+    return keys + [Binding("W", "close", "Back", show=False)]
 
 
 class SweepRead(Message):

@@ -177,12 +177,13 @@ def make_server(command: str, guard: Guard, quit_bound_s: float) -> Any:
         async def handle_index(self, request: web.Request) -> Any:
             self.public_url = f"{request.scheme}://{request.host}"  # used synchronously by the template's URLs
             page = await super().handle_index(request)
-            page.text = local_page(page.text, self.public_url)
+            assert isinstance(page, web.Response)  # aiohttp_jinja2's template renders a Response (typed StreamResponse)
+            page.text = local_page(page.text or "", self.public_url)
             page.headers["Cache-Control"] = "no-store"
             page.headers["Referrer-Policy"] = "no-referrer"
             return page
 
-        async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+        async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
             if not same_origin(request.headers.get("Origin"), request.host):
                 raise web.HTTPForbidden(text="this dashboard's websocket opens only from its own page\n")
             if self.sessions >= guard.max_sessions:
@@ -213,8 +214,11 @@ def make_server(command: str, guard: Guard, quit_bound_s: float) -> Any:
                     except ConnectionError:
                         pass
 
+            async def close() -> None:  # AppService awaits a close that returns nothing
+                await websocket.close()
+
             await websocket.prepare(request)
-            service = AppService(self.command, write_bytes=write_bytes, write_str=write_str, close=websocket.close,
+            service = AppService(self.command, write_bytes=write_bytes, write_str=write_str, close=close,
                                  download_manager=self.download_manager, debug=False)
             try:
                 await service.start(width, height)
