@@ -1,5 +1,6 @@
 """A run's curves, without UI: train loss, test loss and test accuracy against step, epoch,
-samples or time, smoothed the way TensorBoard smooths, with ticks for an axis and CSV export.
+samples or time, smoothed the way TensorBoard smooths, with ticks for an axis (the CSV export is
+gputui.history.export_csv, the format of `gputui runs export`).
 
 Series (each point carries all four x values, so switching the axis needs no refold):
 - `train_loss`: the step events' loss;
@@ -28,7 +29,6 @@ from typing import Any, Iterable, Mapping, Sequence, TextIO
 
 from gputui import runs, units
 from gputui.errors import UserError
-from gputui.paths import user_opener
 from gputui.model.outside import number as _num  # a finite float or None: an event file is data
 
 X_AXES = ("step", "epoch", "samples", "time")
@@ -39,7 +39,6 @@ SERIES_LABELS = {"train_loss": "train loss", "epoch_loss": "epoch mean", "test_l
 LOSSES = ("train_loss", "epoch_loss", "test_loss")
 MAX_POINTS = 2000  # per series; past this every other point goes (evenly, over the whole run)
 MAX_WEIGHT = 0.99
-CSV_NAME = "curves.csv"
 FOLD_BATCH = 4096  # events of a file folded at once: one copy of each series per batch, a bounded list
 
 
@@ -412,25 +411,6 @@ def load_run(run_dir: str | Path) -> Curves:
             curves, batch = curves.fold_all(batch), []
     curves = curves.fold_all(batch)
     return replace(curves, run_id=curves.run_id or events_path.parent.name, run_dir=str(events_path.parent))
-
-
-def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]:
-    """Write the run's curves as CSV, in the format of `gputui runs export RUN_ID --csv`, to
-    `out` (default: curves.csv in the run directory). Returns the path and the rows written."""
-    path = Path(run_dir).expanduser()
-    events_path = path / runs.EVENTS
-    if not events_path.is_file():
-        raise UserError(f"{path}: no {runs.EVENTS} there, nothing to export")
-    from gputui import history  # the format of `gputui runs export`
-
-    target = out if out is not None else path / CSV_NAME
-    rows = history.curve_rows(events_path)  # streamed, never the whole file
-    try:
-        with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
-            count = history.write_csv(rows, fh)
-    except OSError as exc:
-        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
-    return target, count
 
 
 def read_csv(fh: TextIO) -> list[dict[str, Any]]:

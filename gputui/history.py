@@ -26,7 +26,7 @@ from gputui import runs, summaries
 from gputui.errors import GputuiError, UserError
 from gputui.events import typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
-from gputui.paths import runs_home
+from gputui.paths import runs_home, user_opener
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,6 +35,7 @@ else:  # pragma: no cover - Python 3.10 (pyproject's tomli dependency)
 
 STATES = ("done", "interrupted", "failed", "running", "stopped")
 CURVE_EVENTS = ("step", "eval", "epoch")
+CSV_NAME = "curves.csv"  # a run's curves exported beside its events (the dashboard's curves panel)
 # The CSV columns: which event the row is, where the run was, and the values (empty where the event has none).
 CSV_COLUMNS = ("event", "step", "epoch", "elapsed_s", "time", "loss", "l1", "samples_per_s", "lr",
                "train_loss", "test_loss", "test_acc")
@@ -286,6 +287,24 @@ def write_csv(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
         writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
         count += 1
     return count
+
+
+def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]:
+    """Write the run's curves as CSV, in the format of `gputui runs export RUN_ID --csv` (the
+    dashboard's curves panel exports with it), to `out` (default: curves.csv in the run
+    directory). Returns the path and the rows written."""
+    path = Path(run_dir).expanduser()
+    events_path = path / runs.EVENTS
+    if not events_path.is_file():
+        raise UserError(f"{path}: no {runs.EVENTS} there, nothing to export")
+    target = out if out is not None else path / CSV_NAME
+    rows = curve_rows(events_path)  # streamed, never the whole file
+    try:
+        with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
+            count = write_csv(rows, fh)
+    except OSError as exc:
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return target, count
 
 
 # -- small readers ---------------------------------------------------------------------------------

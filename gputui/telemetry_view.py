@@ -242,20 +242,6 @@ class HostsTable:
         yield hosts_table(self.hosts, options.max_width)
 
 
-def duration(seconds: float | None) -> str:
-    """A process's age: "42s", "3:07" (m:ss), "5:03:07" (h:mm:ss) or "2d 05h"."""
-    if seconds is None:
-        return "n/a"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}:{s % 60:02d}"
-    if s < 86400:
-        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
-
-
 PROC_COLS = (_Col("host", "Host"), _Col("gpu", "GPU", True), _Col("pid", "PID", True), _Col("user", "User"),
              _Col("memory", "GPU mem", True), _Col("sm", "SM", True), _Col("cpu", "CPU", True), _Col("rss", "RSS", True),
              _Col("time", "Time", True), _Col("command", "Command"))
@@ -269,7 +255,7 @@ def _process_cells(row: ProcessRow) -> dict[str, Text]:
         "host": safe(row.host, "bold", width=32), "gpu": Text(str(row.gpu)), "pid": Text(str(p.pid)),
         "user": safe(p.user or units.NA, width=16), "memory": _num(units.mib, p.gpu_memory_mib),
         "sm": _num(units.pct, p.sm_pct), "cpu": _num(units.pct, p.cpu_pct), "rss": _num(units.mib, p.rss_mib),
-        "time": Text(duration(p.running_s)), "command": safe(p.name or units.NA, limit=COMMAND_W * 4),
+        "time": Text(units.duration(p.running_s, "clock")), "command": safe(p.name or units.NA, limit=COMMAND_W * 4),
     }
 
 

@@ -11,13 +11,17 @@ Rules:
 - temperature "36°C", power "57 W" and "57/400 W", percent "25%": whole numbers.
 - money: "$12.34" from $1; below $1 four decimals ("$0.2042"), and below a cent at least two
   significant digits ("$0.0050", "$0.0034", "$0.00012"), so a small amount is never rounded up to a cent.
+  Prices in the cloud tables keep four decimals from $1 too (`decimals=4`: "$1.1230/h"); a rough
+  figure in a sentence may ask for fixed decimals (`fixed=True`: "$0.20/h", "$0.05 budget").
 - rate: "458/s", "1.4k/s", "140k/s", "2.2M/s" (one decimal below 10 of a unit); count: "60,000".
-- duration: "12s", "2m06s", "2h03m", "3d04h".
+- duration: "12s", "2m06s", "2h03m", "3d04h"; a process's age as `ps` shows it (`style="clock"`:
+  "42s", "3:07", "5:03:07", "2d 05h"); in a sentence (`style="words"`: "42 s", "5 min").
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from gputui.model.outside import number as _num  # a finite float, or None (None, NaN, bools, text)
 
@@ -81,26 +85,29 @@ def pct(x: float | int | None) -> str:
     return NA if v is None else f"{v:.0f}%"
 
 
-def money(usd: float | int | None) -> str:
-    """US dollars: "$12.34", "$1,234.50", "$0.2042", "$0.0050", "$0.00012"; negative "-$1.20"."""
+def money(usd: float | int | None, decimals: int = 2, fixed: bool = False) -> str:
+    """US dollars: "$12.34", "$1,234.50", "$0.2042", "$0.0050", "$0.00012"; negative "-$1.20".
+    `decimals` from $1 (4 for prices: "$1.1230"); `fixed`: `decimals` everywhere ("$0.20")."""
     v = _num(usd)
     if v is None:
         return NA
     sign, a = ("-" if v < 0 else ""), abs(v)
+    if fixed:
+        return f"{sign}${a:,.{decimals}f}"
     if a == 0:
         return "$0.00"
     if round(a, 4) >= 1:
-        return f"{sign}${a:,.2f}"
+        return f"{sign}${a:,.{decimals}f}"
     if round(a, 4) >= 0.01:
         return f"{sign}${a:.4f}"
     # Below a cent: at least two significant digits and at least four decimals.
-    decimals = max(4, 1 - math.floor(math.log10(a)))
-    return f"{sign}${a:.{decimals}f}"
+    places = max(4, 1 - math.floor(math.log10(a)))
+    return f"{sign}${a:.{places}f}"
 
 
-def per_hour(usd: float | int | None) -> str:
-    """A price per hour: "$0.2042/h", "$32.77/h"."""
-    text = money(usd)
+def per_hour(usd: float | int | None, decimals: int = 2, fixed: bool = False) -> str:
+    """A price per hour: "$0.2042/h", "$32.77/h" (`decimals`, `fixed`: as `money`)."""
+    text = money(usd, decimals, fixed)
     return NA if text == NA else f"{text}/h"
 
 
@@ -128,14 +135,29 @@ def count(n: float | int | None) -> str:
     return NA if v is None else f"{round(v):,}"
 
 
-def duration(seconds: float | int | None) -> str:
-    """A length of time: "12s", "2m06s", "2h03m", "3d04h"; negative reads as 0s."""
+DurationStyle = Literal["short", "clock", "words"]
+
+
+def duration(seconds: float | int | None, style: DurationStyle = "short") -> str:
+    """A length of time; negative reads as 0.
+    short (tables, panels): "12s", "2m06s", "2h03m", "3d04h";
+    clock (a process's age, a countdown, as `ps` shows it): "42s", "3:07", "5:03:07", "2d 05h";
+    words (in a sentence: "cleared after 2 s"): "42 s" below two minutes, then "5 min"."""
     v = _num(seconds)
     if v is None:
         return NA
+    if style == "words":
+        v = max(0.0, v)
+        return f"{v:.0f} s" if v < 120 else f"{v / 60:.0f} min"
     s = int(max(0.0, v))
     if s < 60:
         return f"{s}s"
+    if style == "clock":
+        if s < 3600:
+            return f"{s // 60}:{s % 60:02d}"
+        if s < 86400:
+            return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+        return f"{s // 86400}d {s % 86400 // 3600:02d}h"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     if s < 86400:

@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 from gputui.alerts import CloudFacts, RunFacts
 from gputui.errors import UserError
+from gputui.events import ENDS
 from gputui.model.outside import Refused, number, parse_object
 from gputui.model.text import clean
 
-ENDS = ("done", "interrupted", "error")
 # The trainer's error event for a diverged run: reason "nan", "... the loss is not finite at step N ...".
 _NON_FINITE_REASONS = ("nan", "non_finite", "non-finite", "diverged")
 _NON_FINITE_WORDS = ("not finite", "non-finite", "is nan", "is inf")

@@ -15,8 +15,9 @@ import pytest
 from textual.binding import Binding
 
 from gputui import history
-from gputui.curves import (CSV_NAME, Curves, ema, export_csv, linear_ticks, load_run, log_ticks, read_csv, thin,
-                           time_ticks, x_label, xy)
+from gputui.curves import (Curves, ema, linear_ticks, load_run, log_ticks, read_csv, thin, time_ticks, x_label,
+                           xy)
+from gputui.history import CSV_NAME, export_csv
 from gputui.errors import UserError
 from gputui.ui.curve_actions import CurveActions
 from gputui.ui.curves import REDRAW_S, CurvePlot, CurvesPanel

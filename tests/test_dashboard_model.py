@@ -23,7 +23,8 @@ from gputui.dashboard.training import TrainingState, event_line
 from gputui.errors import UserError
 from gputui.model.telemetry import HostState
 from gputui.sources.sim import SimSource
-from gputui.ui.draw import bar, duration, sparkline
+from gputui.ui.draw import bar, sparkline
+from gputui.units import duration
 from tests.conftest import REPO
 
 EVENTS = [json.loads(line) for line in (REPO / "tests" / "data" / "seed_run_events.jsonl").read_text().splitlines()]

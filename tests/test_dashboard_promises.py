@@ -15,10 +15,11 @@ import psutil
 import pytest
 from textual.message import Message
 
+from gputui import units
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.lifecycle import CloudContext
 from gputui.dashboard import child as child_module
-from gputui.dashboard.child import CLUSTER_STOP_S, LOCAL_STOP_S, TrainingChild, minutes
+from gputui.dashboard.child import CLUSTER_STOP_S, LOCAL_STOP_S, TrainingChild
 from gputui.dashboard.hosts import ENERGY_FLUSH_S
 from gputui.dashboard.setup import Backend
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
@@ -291,7 +292,7 @@ def log_text(app: Any) -> str:
 async def stopping_shown(app: Any, pilot: Any, clock: StopClock, after: float) -> None:
     """Move the stop clock `after` s on, and wait until the status line counts down from there."""
     clock.now = 1000.0 + after
-    expected = f"SIGKILL in {minutes(CLUSTER_STOP_S - after)})"
+    expected = f"SIGKILL in {units.duration(CLUSTER_STOP_S - after, 'clock')})"
     await wait_for(pilot, lambda: expected in status_text(app), 30, f"the status line to say {expected!r}")
 
 

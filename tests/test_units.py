@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,24 @@ def test_run_progress_shows_samples_per_second_in_units(capsys: pytest.CaptureFi
     view.close()
     err = capsys.readouterr().err
     assert "samples 140k/s" in err, err
+
+
+@pytest.mark.parametrize("fn, args, expected", [
+    (units.money, (1.123, 4), "$1.1230"),  # a price in the cloud tables: four decimals from $1
+    (units.money, (0.005, 4), "$0.0050"),  # below $1 the small-amount rule still holds
+    (units.money, (0.2, 2, True), "$0.20"),  # fixed: a rough figure in a sentence
+    (units.money, (0.05, 2, True), "$0.05"),
+    (units.per_hour, (1.123, 4), "$1.1230/h"),
+    (units.per_hour, (0.2, 2, True), "$0.20/h"),
+    (units.per_hour, (None, 4), NA),
+    (units.duration, (42, "clock"), "42s"),  # a process's age, as ps shows it
+    (units.duration, (187, "clock"), "3:07"),
+    (units.duration, (18187, "clock"), "5:03:07"),
+    (units.duration, (190800, "clock"), "2d 05h"),
+    (units.duration, (2, "words"), "2 s"),  # in a sentence: "cleared after 2 s"
+    (units.duration, (119, "words"), "119 s"),
+    (units.duration, (300, "words"), "5 min"),
+    (units.duration, (None, "words"), NA),
+])
+def test_the_named_variants_of_money_and_duration(fn: Any, args: tuple[Any, ...], expected: str) -> None:
+    assert fn(*args) == expected

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
+from gputui import units
 from gputui.cloud.costs import committed_cost, instance_cost
 from gputui.cloud.fleet import poll
 from gputui.cloud.lifecycle import CloudContext, terminate
@@ -57,15 +58,18 @@ class BudgetGuard:
             return self.trip(status, running)
         if status.level == "warn" and not self.warned:
             self.warned = True
-            return ctx.record([ctx.event("budget_warning", f"{status.fraction:.0%} of the ${status.budget_usd:.2f} budget "
-                                         f"spent or committed (${status.spent_usd:.4f} spent)")])
+            budget, spent = units.money(status.budget_usd, fixed=True), units.money(status.spent_usd, 4, fixed=True)
+            return ctx.record([ctx.event("budget_warning", f"{status.fraction:.0%} of the {budget} budget "
+                                         f"spent or committed ({spent} spent)")])
         return []
 
     def trip(self, status: BudgetStatus, running: Sequence[InstanceRecord]) -> list[CloudEvent]:
         """Ask every run to checkpoint (SIGTERM), give it the grace time, then terminate every slave."""
         ctx = self.ctx
-        events = [ctx.event("budget_stop", f"budget ${status.budget_usd:.2f} reached (${status.spent_usd:.4f} spent + "
-                            f"${status.committed_usd:.4f} committed): checkpointing runs, terminating {plural(len(running), 'slave')}")]
+        budget, spent = units.money(status.budget_usd, fixed=True), units.money(status.spent_usd, 4, fixed=True)
+        committed = units.money(status.committed_usd, 4, fixed=True)
+        events = [ctx.event("budget_stop", f"budget {budget} reached ({spent} spent + {committed} committed): "
+                            f"checkpointing runs, terminating {plural(len(running), 'slave')}")]
         if self.checkpoint is not None:
             try:
                 self.checkpoint(running)

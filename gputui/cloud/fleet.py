@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from gputui import units
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.lease import ended_how
 from gputui.cloud.lifecycle import CloudContext
@@ -50,7 +51,8 @@ def poll(ctx: CloudContext, book: PriceBook) -> tuple[list[InstanceInfo], list[C
                 source = getattr(ctx.price_source, "spot_source", None)
                 if ledger.set_price(rec.instance_id, now, price,
                                     price_source=source() if callable(source) else None):
-                    events.append(CloudEvent(now, "price", f"{rec.instance_id} spot price now ${price:.4f}/h",
+                    events.append(CloudEvent(now, "price", f"{rec.instance_id} spot price now "
+                                             f"{units.per_hour(price, 4, fixed=True)}",
                                              rec.instance_id, rec.cluster))
     return list(live.values()), ctx.record(events)
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
 
+from gputui import units
 from gputui.cloud.ledger import Ledger
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
@@ -29,7 +30,7 @@ def describe(records: list[InstanceRecord]) -> str:
     rate = sum(r.hourly_price for r in records)
     ids = ", ".join(f"{r.instance_id} ({r.cluster}, {r.provider} {r.region})" for r in records[:8])
     more = f" and {len(records) - 8} more" if len(records) > 8 else ""
-    return f"{plural(len(records), 'cloud instance')} running, ${rate:.2f}/h: {ids}{more}"
+    return f"{plural(len(records), 'cloud instance')} running, {units.per_hour(rate, fixed=True)}: {ids}{more}"
 
 
 def _default_profile() -> Path:

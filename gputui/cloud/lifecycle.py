@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from gputui import units
 from gputui.cloud.address import Resolver, resolver_for, ssh_cidr
 from gputui.cloud.lease import launch_tags
 from gputui.cloud.ledger import Ledger
@@ -167,7 +168,7 @@ def launch(ctx: CloudContext, plan: LaunchPlan, report: Callable[[LaunchAttempt]
             started(list(started_now))
             from_where = f" ({source})" if source else ""
             ctx.record([ctx.event("launched", f"{i.instance_id} {i.instance_type} {lifecycle} in {zone} at "
-                                              f"${rate:.4f}/h{from_where}", i.instance_id) for i in started_now])
+                                              f"{units.per_hour(rate, 4, fixed=True)}{from_where}", i.instance_id) for i in started_now])
             result.instances += started_now
             remaining -= len(started_now)
             attempt = LaunchAttempt(zone, lifecycle, request.count, len(started_now))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from gputui import units
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.leaks import ls_command
 from gputui.cloud.lifecycle import CloudContext, UpResult, launch, plan_launch, terminate, wait_running
@@ -159,7 +160,7 @@ class SlaveManager:
     def _start(self, count: int, started: Started = lambda infos: None, sleep: Sleep | None = None) -> list[InstanceInfo]:
         if not self.budget_allows(count):
             self._record("budget_refused", f"not starting {plural(count, 'slave')}: the budget of "
-                         f"${self.ctx.settings.budget_usd:.2f} is spent or committed")
+                         f"{units.money(self.ctx.settings.budget_usd, fixed=True)} is spent or committed")
             return []
         plan = plan_launch(self.ctx, count, **({"resolver": self.resolver} if self.resolver else {}))
         ctx = self.ctx if sleep is None else replace(self.ctx, sleep=sleep)
@@ -228,7 +229,7 @@ class SlaveManager:
             terminate(self.ctx, [info for info, _ in stop], ended_by="idle")
             for info, idle_s in stop:
                 self.store.forget(info.instance_id)
-                self._record("idle_stop", f"{info.instance_id} idle for {idle_s / 60:.1f} min (no run, GPU under "
+                self._record("idle_stop", f"{info.instance_id} idle for {units.duration(idle_s, 'words')} (no run, GPU under "
                              f"{IDLE_UTIL_PCT:g}%): terminated", info.instance_id)
         return [info.instance_id for info, _ in stop]
 

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gputui import units
 from gputui.units import plural
 
 DEFAULT_GUARD_INTERVAL_S = 30.0
@@ -133,12 +134,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         rate = plan.first_rate or 0.0
         status = BudgetGuard(ctx, args.guard_interval).status(extra_committed=count * rate * 60 / 3600)
         if status.level == "stop":
-            raise UserError(f"budget reached for cluster {ctx.cluster}: ${status.spent_usd:.4f} spent of ${s.budget_usd:.2f} "
-                            f"(launching needs ${status.committed_usd:.4f} more); raise budget_usd in {s.source}")
+            spent, budget = units.money(status.spent_usd, 4, fixed=True), units.money(s.budget_usd, fixed=True)
+            raise UserError(f"budget reached for cluster {ctx.cluster}: {spent} spent of {budget} (launching needs "
+                            f"{units.money(status.committed_usd, 4, fixed=True)} more); raise budget_usd in {s.source}")
         zone, market = plan.attempts[0]
         view.say(f"{count} x {s.instance_type}: {view.launch_price_text(plan.quotes, zone, market)}; "
-                 f"{view.money(rate * count)}/h in all; budget {view.money(s.budget_usd, 2)}, {view.money(status.spent_usd)} spent")
-        if not view.confirm(f"Launch {count} x {s.instance_type} at about {view.money(rate * count)}/h? [y/N] ",
+                 f"{units.per_hour(rate * count, 4)} in all; budget {units.money(s.budget_usd)}, {units.money(status.spent_usd, 4)} spent")
+        if not view.confirm(f"Launch {count} x {s.instance_type} at about {units.per_hour(rate * count, 4)}? [y/N] ",
                             args.yes, "gputui cloud up launches " + ("simulated instances" if ctx.provider.name == "sim"
                                                                      else "paid instances")):
             view.say("nothing launched")
@@ -210,7 +212,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         now = ctx.clock()
         ended = {t.instance_id for t in targets}
         cost = total_cost([r for r in ctx.ledger.instances(p.name, p.region) if r.instance_id in ended], now)
-        view.say(f"terminated {plural(len(final), 'instance')}; their estimated cost: {view.money(cost)}")
+        view.say(f"terminated {plural(len(final), 'instance')}; their estimated cost: {units.money(cost, 4)}")
     return 0
 
 
@@ -324,7 +326,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
         # Ctrl-C (SIGINT) stops the guard even when it was started with SIGINT ignored (a parent
         # that ignores it passes that on through exec, as a test runner's worker may).
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-        view.say(f"guarding cluster {ctx.cluster} every {args.interval:g} s (budget {view.money(ctx.settings.budget_usd, 2)})")
+        view.say(f"guarding cluster {ctx.cluster} every {args.interval:g} s (budget {units.money(ctx.settings.budget_usd)})")
         try:
             from gputui.cloud.lease import LeaseRenewer
 

@@ -17,21 +17,6 @@ from gputui.model.text import clean
 from gputui.units import plural
 
 
-def money(value: float | None, digits: int = 4) -> str:
-    """Dollars: `digits` decimals from $1 (prices keep four: "$1.1230/h"); below $1 through
-    gputui.units, so a small amount is never rounded up (a $0.005 budget reads "$0.0050")."""
-    if value is None or abs(value) < 1:
-        return units.money(value)
-    return f"${value:,.{digits}f}"
-
-
-def span(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -96,7 +81,7 @@ def event_json(e: CloudEvent) -> dict[str, Any]:
 def rate_text(usd: float | None) -> str:
     """A recorded $/h with its source where the ledger has one: "$0.4012 (api 2026-11-25)"."""
     source = getattr(usd, "source", None)
-    return money(usd) + (f" ({source})" if source and usd is not None else "")
+    return units.money(usd, 4) + (f" ({source})" if source and usd is not None else "")
 
 
 def instances_table(title: str, infos: Sequence[InstanceInfo], rates: dict[str, float]) -> None:
@@ -119,8 +104,8 @@ def fleet_json(entries: Sequence[FleetEntry], now: float) -> list[dict[str, Any]
 
 def fleet_table(entries: Sequence[FleetEntry], now: float, region: str, sweep: str = "gputui cloud sweep") -> None:
     rows = [[e.instance.instance_id, e.instance.cluster or "-", e.instance.instance_type, e.instance.zone,
-             e.instance.lifecycle, e.instance.state, e.instance.public_ip or "-", span(now - e.instance.launched),
-             rate_text(e.usd_per_hour), money(e.cost_usd), "ORPHAN (not in records)" if e.orphan else "yes"]
+             e.instance.lifecycle, e.instance.state, e.instance.public_ip or "-", units.duration(now - e.instance.launched),
+             rate_text(e.usd_per_hour), units.money(e.cost_usd, 4), "ORPHAN (not in records)" if e.orphan else "yes"]
             for e in entries]
     orphans = sum(e.orphan for e in entries)
     caption = (f"{plural(orphans, 'orphan')}: `{sweep}` terminates them" if orphans else None)
@@ -137,14 +122,14 @@ def quotes_json(quotes: Sequence[PriceQuote]) -> list[dict[str, Any]]:
 
 def sourced(usd: float | None, source: str | None, digits: int = 4) -> str:
     """A $/h figure with where it came from: "$1.1230/h (api 2026-11-25)"."""
-    return f"{money(usd, digits)}/h" + (f" ({source})" if source and usd is not None else "")
+    return units.per_hour(usd, digits) + (f" ({source})" if source and usd is not None else "")
 
 
 def quotes_table(quotes: Sequence[PriceQuote], title: str, note: str | None = None) -> None:
     """Spot next to on-demand per zone; each column names its source (all zones share one)."""
     spot_source = next((q.spot_source for q in quotes if q.spot_source), None)
     od_source = next((q.on_demand_source for q in quotes if q.on_demand_source), None)
-    rows = [[q.zone, money(q.spot), money(q.on_demand), "n/a" if q.saving is None else f"{q.saving:.0%}"] for q in quotes]
+    rows = [[q.zone, units.money(q.spot, 4), units.money(q.on_demand, 4), "n/a" if q.saving is None else f"{q.saving:.0%}"] for q in quotes]
     print_table(title, ["zone", "$/h spot" + (f" ({spot_source})" if spot_source else ""),
                         "$/h on-demand" + (f" ({od_source})" if od_source else ""), "saving"], rows, note)
 
@@ -185,9 +170,9 @@ def spend_table(title: str, lines: Sequence[SpendLine], now: float, first: str,
     """One row per cluster or run; beside the rate, `sources` ({cluster: [price source, ...]}) and
     `methods` ({cluster: [energy method, ...]})."""
     sources, methods = sources or {}, methods or {}
-    rows = [[line.name, *([line.cluster] if first == "run" else []), span(line.duration(now)),
-             money(line.usd_per_hour(now)), measured_by(sources.get(line.cluster, ()), methods.get(line.cluster, ())),
-             money(line.usd) + " est.",
+    rows = [[line.name, *([line.cluster] if first == "run" else []), units.duration(line.duration(now)),
+             units.money(line.usd_per_hour(now), 4), measured_by(sources.get(line.cluster, ()), methods.get(line.cluster, ())),
+             units.money(line.usd, 4) + " est.",
              *([str(line.running)] if first == "cluster" else []), f"{line.energy_kwh:.3f}"]
             for line in lines]
     columns = [first, *(["cluster"] if first == "run" else []), "up", "$/h (mean)", "prices from", "cost",

@@ -6,6 +6,8 @@ import argparse
 import time
 from typing import Any
 
+from gputui import units
+
 
 def _reason(record: Any) -> str:
     """lease, budget, idle or max_hours: why a slave's watchdog powered it off."""
@@ -57,6 +59,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
     for r in stops:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.terminated)) if r.terminated else "n/a"
         view.say(f"{r.instance_id} ({r.cluster}) powered itself off: {_reason(r)} at {when}")
-    view.say(f"total {view.money(total)} (estimate: per-second billing with the 60 s minimum at the recorded prices; "
+    view.say(f"total {units.money(total, 4)} (estimate: per-second billing with the 60 s minimum at the recorded prices; "
              "AWS's bill is the reference)")
     return 0

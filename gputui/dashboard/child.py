@@ -28,7 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gputui import runs
+from gputui import runs, units
 from gputui.dashboard.follow import Follower
 from gputui.events import typed
 from gputui.model import outside
@@ -58,11 +58,6 @@ def run_argv(profile: Path | None, resume: bool, extra: Sequence[str] = ()) -> l
     elif profile is not None:
         argv += ["--profile", str(profile)]
     return argv + list(extra)
-
-
-def minutes(seconds: float) -> str:
-    seconds = int(max(0.0, seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 class TrainingChild:
@@ -275,7 +270,8 @@ class TrainingChild:
             if left <= 0:
                 self._kill(processes)
                 break
-            self._note(f"{self._waiting_for()} ({plural(processes, 'process')} left; SIGKILL in {minutes(left)})")
+            self._note(f"{self._waiting_for()} ({plural(processes, 'process')} left; "
+                       f"SIGKILL in {units.duration(left, 'clock')})")
         self.tree.kill()  # anything of the run that outlived it (nothing, when it tore down)
         self._note("")
 

@@ -78,11 +78,3 @@ def launch_preview(ctx: Any) -> LaunchPreview | None:
         return None
     first = priced[0]
     return LaunchPreview(s.instance_type, first.zone, "spot", launch_rate(first, "spot", None))
-
-
-def money(value: float | None, digits: int = 4) -> str:
-    """Dollars: `digits` decimals from $1 (prices keep four: "$1.1230/h"); below $1 through
-    gputui.units, so a small amount is never rounded up (a $0.005 budget reads "$0.0050")."""
-    if value is None or abs(value) < 1:
-        return units.money(value)
-    return f"${value:,.{digits}f}"

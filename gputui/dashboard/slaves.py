@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
+from gputui import units
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.fleet import fleet
 from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate
 from gputui.cloud.pricing import PriceBook
-from gputui.dashboard.cost import CostFrame, SlaveLine, money
+from gputui.dashboard.cost import CostFrame, SlaveLine
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import hours_left
 
@@ -76,16 +77,16 @@ class SlaveControl:
             rate = plan.first_rate or 0.0
             status = self.guard.status(extra_committed=rate * max(60.0, self.interval_s) / 3600.0)
             if status.level == "stop":
-                raise BudgetRefusal(f"launch refused: 1 x {s.instance_type} at {money(rate)}/h would break the "
-                                    f"{money(s.budget_usd, 2)} budget ({money(status.spent_usd)} spent, "
-                                    f"{money(status.committed_usd)} committed); raise budget_usd in the profile")
+                raise BudgetRefusal(f"launch refused: 1 x {s.instance_type} at {units.per_hour(rate, 4)} would break the "
+                                    f"{units.money(s.budget_usd)} budget ({units.money(status.spent_usd, 4)} spent, "
+                                    f"{units.money(status.committed_usd, 4)} committed); raise budget_usd in the profile")
             zone, market = plan.attempts[0]
             running = sum(r.hourly_price for r in self.guard.running())
             left = hours_left(s.budget_usd, status.spent_usd, running + rate)
             lasts = f"the budget lasts {left:.1f} h at that rate" if left is not None else ""
-            self.say(f"launching 1 x {s.instance_type} {market} in {zone} at {money(rate)}/h: fleet "
-                     f"{money(running, 2)}/h -> {money(running + rate, 2)}/h; {money(status.spent_usd)} of "
-                     f"{money(s.budget_usd, 2)} spent, {lasts}")
+            self.say(f"launching 1 x {s.instance_type} {market} in {zone} at {units.per_hour(rate, 4)}: fleet "
+                     f"{units.per_hour(running)} -> {units.per_hour(running + rate)}; {units.money(status.spent_usd, 4)} of "
+                     f"{units.money(s.budget_usd)} spent, {lasts}")
             result = launch(ctx, plan)
         if not result.instances:
             tried = "; ".join(f"{a.zone} {a.lifecycle}: {a.error_code}" for a in result.attempts)

@@ -22,9 +22,10 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, export_csv,
-                           linear_ticks, load_run, log_ticks, sample, thin, ticks, x_labels, xy)
+from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, linear_ticks,
+                           load_run, log_ticks, sample, thin, ticks, x_labels, xy)
 from gputui.errors import GputuiError
+from gputui.history import export_csv
 from gputui.model.text import clean
 
 REDRAW_S = 0.85  # at most 1.2 plot builds a second: above the 1 Hz the curves promise, at a bounded cost

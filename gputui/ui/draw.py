@@ -37,8 +37,3 @@ def sparkline(values: Sequence[float | None], width: int, top: float = 100.0) ->
             level = max(0.0, min(1.0, value / top)) if top > 0 else 0.0
             cells.append(SPARKS[min(len(SPARKS) - 1, int(level * len(SPARKS)))])
     return "".join(cells).rjust(width)
-
-
-def duration(seconds: float | None) -> str:
-    """12s, 4m05s, 2h03m; "n/a" when unknown (gputui.units.duration, the one format)."""
-    return units.duration(seconds)

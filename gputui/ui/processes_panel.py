@@ -19,7 +19,6 @@ from gputui.dashboard.hosts import HostsFrame
 from gputui import units
 from gputui.model.text import clean
 from gputui.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
-from gputui.telemetry_view import duration
 from gputui.ui.bindings import process_bindings
 from gputui.ui.tables import KeyedTable
 from gputui.units import plural
@@ -62,7 +61,7 @@ def process_cells(row: ProcessRow) -> tuple[Text, ...]:
     """A process's row. Users and commands come from the hosts: Text, never markup."""
     p = row.process
     cells = (row.host, str(row.gpu), str(p.pid), p.user or "n/a", units.mib(p.gpu_memory_mib), units.pct(p.sm_pct),
-             units.pct(p.cpu_pct), units.mib(p.rss_mib), duration(p.running_s), p.name or "n/a")
+             units.pct(p.cpu_pct), units.mib(p.rss_mib), units.duration(p.running_s, "clock"), p.name or "n/a")
     return tuple(Text(clean(cell, COMMAND_W) + " ") for cell in cells)
 
 

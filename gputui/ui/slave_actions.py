@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gputui import units
 from gputui.dashboard.setup import list_profiles, resolve_profile
-from gputui.dashboard.cost import money
 from gputui.errors import GputuiError
 from gputui.ui.base import DashboardBase
 from gputui.ui.messages import CloudNote, SlavesChanged
@@ -92,7 +92,7 @@ class SlaveActions(DashboardBase):
     def live_slaves_text(self) -> str:
         live = self.cost_frame.live if self.cost_frame is not None else ()
         rate = sum(s.usd_per_hour or 0.0 for s in live)
-        return f"{plural(len(live), 'slave')} running ({money(rate, 2)}/h)"
+        return f"{plural(len(live), 'slave')} running ({units.per_hour(rate)})"
 
     def action_terminate_all(self) -> None:
         if self._no_cloud():
