@@ -58,7 +58,8 @@ MODULES: dict[str, tuple[str, ...] | None] = {
     "gputui/model/outside.py": None,
     "gputui/units.py": ("plural",),
     "gputui/sweep/study.py": ("counted", "requeue_running"),
-    "gputui/sweep/show.py": ("_state", "trial_rows"),
+    "gputui/sweep/reader.py": ("state_name", "best_so_far"),
+    "gputui/sweep/show.py": ("trial_rows",),
 }
 
 # Fast in-process tests that reach those modules; mutmut runs, for each mutant, only the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 GPUTUI = Path(__file__).resolve().parent.parent / "gputui"
 HOME = "model/outside.py"
@@ -101,3 +102,131 @@ def test_the_names_allowed_are_functions_that_are_there() -> None:
     names = {(rel, node.name) for rel, tree in sources() for node in ast.walk(tree)
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert set(NOT_HELPERS) <= names, set(NOT_HELPERS) - names
+
+
+# One reader of the sweep study (gputui.sweep.reader) --------------------------------------------
+
+def _study_in_every_state(tmp_path: Path) -> Any:
+    """A study with a trial in each state: complete, pruned, fail, requeued (a running trial a
+    stopped master left), running (the requeued trial's parameters asked again) and waiting."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from gputui.sweep import study as studies
+    from gputui.sweep.space import parse_text
+
+    _profile, spec = parse_text('[run]\nmodel = "fast"\n[sweep]\nname = "every"\ntrials = 8\nlr = [1e-3, 1e-1]\n',
+                                tmp_path / "every.toml")
+    study = studies.create(spec)
+    lr = {"lr": optuna.distributions.FloatDistribution(1e-3, 1e-1, log=True)}
+    study.tell(study.ask(lr), 90.0)
+    study.tell(study.ask(lr), state=TrialState.PRUNED)
+    study.tell(study.ask(lr), state=TrialState.FAIL)
+    study.ask(lr)  # running when the master stops: requeued, its parameters asked again (trial 4)
+    assert studies.requeue_running(study) == [3]
+    assert study.ask(lr).number == 4  # running
+    study.enqueue_trial({"lr": 0.01})  # waiting
+    return study
+
+
+def test_sweep_show_and_the_dashboard_name_each_trial_state_the_same(tmp_path: Path) -> None:
+    from gputui.dashboard.sweep import read_sweep
+    from gputui.sweep import show
+    from gputui.sweep.reader import STATES
+    from gputui.ui.sweep_screen import STATE_STYLE
+
+    _study_in_every_state(tmp_path)
+    shown = {r["number"]: r["state"] for r in show.report("every")["trial_rows"]}  # `sweep show --json`
+    data = read_sweep("every")
+    assert data is not None
+    dashboard = {r.number: r.state for r in data.rows}
+    assert shown == dashboard == {0: "complete", 1: "pruned", 2: "fail", 3: "requeued", 4: "running", 5: "waiting"}
+    assert set(dashboard.values()) == set(STATES)
+    assert set(STATE_STYLE) == set(STATES), "the sweep screen styles every state by the name it shows"
+    assert show.report("every")["finished"] == data.done == 3  # the requeued record is not counted
+
+
+def test_the_dashboard_reads_the_study_through_its_one_storage(tmp_path: Path, monkeypatch: Any) -> None:
+    """study.storage (with its 60 s busy timeout) is how every reader opens the file."""
+    from gputui.dashboard.sweep import read_sweep
+    from gputui.sweep import study as studies
+
+    _study_in_every_state(tmp_path)
+    opened: list[Path | None] = []
+    real = studies.storage
+
+    def storage(path: Path | None = None) -> Any:
+        opened.append(path)
+        return real(path)
+
+    monkeypatch.setattr(studies, "storage", storage)
+    data = read_sweep("every")
+    assert data is not None and len(data.rows) == 6
+    assert opened, "the dashboard's reader opened the study without study.storage (no busy timeout)"
+
+
+def test_only_the_study_module_opens_optuna_storage() -> None:
+    found = []
+    for rel, tree in sources():
+        if rel == "sweep/study.py":
+            continue
+        for node in ast.walk(tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in {"load_study", "RDBStorage", "create_study"}:
+                found.append(f"{rel}:{node.lineno} {name}")
+    assert not found, "open the sweep study through gputui.sweep.study (storage, open_study, create, load):\n" + \
+        "\n".join(found)
+
+
+# One display format per unit (gputui.units) ------------------------------------------------------
+
+FORMAT_NAMES = {"money", "per_hour", "price", "dollars", "duration", "span", "minutes", "ago", "_ago", "elapsed",
+                "hms", "clock"}
+TIME_UNITS = {60, 3600, 86400}
+
+
+def _time_arithmetic(node: ast.AST) -> bool:
+    """`x // 60`, `x % 3600`, `x / 60` ...: seconds cut into minutes, hours or days."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.Div))
+            and isinstance(node.right, ast.Constant) and node.right.value in TIME_UNITS)
+
+
+def format_copies(rel: str, tree: ast.AST) -> list[str]:
+    """The display formats for money and durations in one module that are not gputui.units'."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in FORMAT_NAMES and (
+                isinstance(node.returns, ast.Name) and node.returns.id == "str"):  # text, not a price or a clock
+            found.append(f"{rel}:{node.lineno} def {node.name}: a money or duration format of its own")
+        elif isinstance(node, ast.JoinedStr):
+            for a, b in zip(node.values, node.values[1:]):
+                if isinstance(a, ast.Constant) and str(a.value).endswith("$") and isinstance(b, ast.FormattedValue):
+                    found.append(f"{rel}:{node.lineno} f\"...${{...}}\": dollars formatted in place")
+            if any(isinstance(v, ast.FormattedValue) and _time_arithmetic(v.value) for v in node.values):
+                found.append(f"{rel}:{node.lineno} f\"{{seconds / 60}}...\": a duration formatted in place")
+    return found
+
+
+def test_money_and_durations_are_formatted_by_units_alone() -> None:
+    found = [line for rel, tree in sources() if rel != "units.py" for line in format_copies(rel, tree)]
+    assert not found, ("format money with units.money / units.per_hour and a duration with units.duration "
+                       "(styles short, clock, words) instead of a copy:\n" + "\n".join(found))
+
+
+def test_the_format_check_finds_the_copies_there_were() -> None:
+    """The copies this check replaced (commands/cloud_view.money and span, dashboard/child.minutes,
+    alerts._ago, cloud/leaks' "${rate:.2f}/h", the idle stop's "{idle_s / 60:.1f} min") are found."""
+    old = '''
+def money(value: float, digits: int = 4) -> str:
+    return f"${value:,.{digits}f}"
+def span(seconds: int) -> str:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+def describe(rate):
+    return f"running, ${rate:.2f}/h"
+def idle(idle_s):
+    return f"idle for {idle_s / 60:.1f} min"
+'''
+    found = format_copies("old.py", ast.parse(old))
+    assert [line.split()[1:3] for line in found if "def " in line] == [["def", "money:"], ["def", "span:"]]
+    assert sum("dollars formatted in place" in line for line in found) == 2
+    assert sum("a duration formatted in place" in line for line in found) == 2

@@ -59,7 +59,7 @@ def test_the_sweep_screen_shows_trials_best_so_far_and_slots_and_follows_the_stu
     data = read_sweep()
     assert data is not None and data.name == "small"
     assert [v for _t, v in data.best] == [90.0, 95.5, 95.5] and data.best_trial == 1
-    assert [r.state for r in data.rows] == ["complete"] * 3 + ["pruned", "failed", "running"]
+    assert [r.state for r in data.rows] == ["complete"] * 3 + ["pruned", "fail", "running"]  # as `sweep show --json` names them
 
     async def scenario(pilot: Any) -> None:
         app = pilot.app
@@ -70,7 +70,7 @@ def test_the_sweep_screen_shows_trials_best_so_far_and_slots_and_follows_the_stu
         rows = cells(trials)
         assert [r[0] for r in rows] == ["5", "4", "3", "2", "1", "0"]  # newest first
         assert rows[4][1:4] == ["complete", "95.50%", "cpu-1"] and rows[0][1] == "running"
-        assert rows[2][1:3] == ["pruned", "n/a"] and rows[1][1] == "failed" and "error: boom" in rows[1][5]
+        assert rows[2][1:3] == ["pruned", "n/a"] and rows[1][1] == "fail" and "error: boom" in rows[1][5]
         assert cells(screen.query_one("#sweep-slots", KeyedTable))[0][:2] == ["n0-cpu", "5"]
         text = screen_text(app)
         assert "5/6 done, 1 running, 1 pruned, 1 failed; best 95.50% (trial 1)" in text

@@ -7,29 +7,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gputui import units
 from gputui.errors import UserError
 from gputui.paths import user_opener
 from gputui.sweep import study as studies
+from gputui.sweep.reader import SweepData, snapshot
 from gputui.sweep.view import value_text
 
 
-def _state(t: Any) -> str:
-    name = t.state.name.lower()
-    if t.user_attrs.get(studies.REQUEUED):
-        return "requeued"
-    return name
-
-
-def trial_rows(study: Any, spec: Any) -> list[dict[str, Any]]:
+def trial_rows(data: SweepData) -> list[dict[str, Any]]:
     """Every trial as a dict, sorted: complete ones by the objective (best first), then the rest by number."""
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        duration = t.duration.total_seconds() if t.duration is not None else None
-        rows.append({"number": t.number, "state": _state(t), "value": t.value, "params": dict(t.params),
-                     "evaluations": len(t.intermediate_values), "duration_s": duration,
-                     "slot": t.user_attrs.get("slot"), "attempts": t.user_attrs.get("attempts"),
-                     "error": t.user_attrs.get("error"), "requeued_from": t.user_attrs.get(studies.REQUEUED_FROM)})
-    sign = -1 if spec.direction == "maximize" else 1
+    rows = [{"number": r.number, "state": r.state, "value": r.value, "params": dict(r.params),
+             "evaluations": r.evaluations, "duration_s": r.seconds, "slot": r.slot, "attempts": r.attempts,
+             "error": r.error, "requeued_from": r.requeued_from} for r in data.rows]
+    sign = -1 if data.direction == "maximize" else 1
 
     def key(row: dict[str, Any]) -> tuple[Any, ...]:
         if row["state"] == "complete" and row["value"] is not None:
@@ -77,13 +68,12 @@ def report(name: str) -> dict[str, Any]:
     study, _profile, spec = studies.load(name, "sweep show")
     winner = best(study)
     imp, why = importances(study)
-    rows = trial_rows(study, spec)
-    counted = [t for t in study.get_trials(deepcopy=False) if studies.counted(t)]
-    return {"name": name, "storage": studies.storage_url(), "objective": spec.objective, "target": spec.target,
-            "direction": spec.direction, "trials": wanted(study, spec.trials), "finished": len(counted),
+    data = snapshot(study, studies.storage_url())  # the one reader: the dashboard shows the same
+    return {"name": name, "storage": data.storage, "objective": spec.objective, "target": spec.target,
+            "direction": spec.direction, "trials": wanted(study, spec.trials), "finished": data.done,
             "best": None if winner is None else {"number": winner.number, "value": winner.value,
                                                  "params": dict(winner.params)},
-            "importances": imp, "importances_note": why, "trial_rows": rows}
+            "importances": imp, "importances_note": why, "trial_rows": trial_rows(data)}
 
 
 def print_report(data: dict[str, Any]) -> None:
@@ -96,7 +86,7 @@ def print_report(data: dict[str, Any]) -> None:
         value = value_text(r["value"], metric) if r["state"] == "complete" else "n/a"
         note = r["error"] or (f"requeued from {r['requeued_from']}" if r["requeued_from"] is not None else "")
         rows.append([r["number"], r["state"], value, params, r["evaluations"],
-                     "n/a" if r["duration_s"] is None else f"{r['duration_s']:.1f} s", r["slot"] or "n/a", note])
+                     units.duration(r["duration_s"]), r["slot"] or "n/a", note])
     view.print_table(f"Sweep {data['name']}: {data['objective']}"
                      + (f" (target {data['target']:g}%)" if data["target"] else "")
                      + f", {data['finished']}/{data['trials']} trials finished",

@@ -1,5 +1,6 @@
 """The sweep's Optuna study, on an RDB storage in one SQLite file of the user data directory
-(`optuna-dashboard sqlite:///PATH` opens it as is). Only the master process touches it.
+(`optuna-dashboard sqlite:///PATH` opens it as is). Only the master process writes to it; readers
+(gputui.sweep.reader) open it through `storage()` too, for its busy timeout.
 
 Counting, with resume: a trial that was RUNNING when a master died is marked FAIL with the user
 attribute `requeued` = true, and its parameters are enqueued again (the new trial carries
@@ -100,15 +101,22 @@ def sampler_and_pruner(spec: SweepSpec) -> tuple[Any, Any]:
     return sampler, pruner
 
 
-def _names(store: Any) -> list[str]:
-    return [s.study_name for s in _optuna().get_all_study_summaries(store, include_best_trial=False)]
+def names(store: Any) -> list[str]:
+    """The studies in `store`, oldest first."""
+    summaries = _optuna().get_all_study_summaries(store, include_best_trial=False)
+    return [s.study_name for s in sorted(summaries, key=lambda s: s._study_id)]  # noqa: SLF001 - creation order
+
+
+def open_study(name: str, store: Any, sampler: Any = None, pruner: Any = None) -> Any:
+    """Study `name` in `store` (from `storage()`): the one place a study is loaded."""
+    return _optuna().load_study(study_name=name, storage=store, sampler=sampler, pruner=pruner)
 
 
 def create(spec: SweepSpec) -> Any:
     """A new study for `spec`; a UserError when the name is taken."""
     optuna = _optuna()
     store = storage()
-    if spec.name in _names(store):
+    if spec.name in names(store):
         raise UserError(f"sweep {spec.name} exists already ({storage_path()}): continue it with "
                         f"`gputui sweep --resume {spec.name}`, or set [sweep] name (or --name) to start another")
     sampler, pruner = sampler_and_pruner(spec)
@@ -123,16 +131,15 @@ def create(spec: SweepSpec) -> Any:
 
 def load(name: str, what: str = "--resume") -> tuple[Any, Any, SweepSpec]:
     """An existing study, its profile (gputui.profiles.Profile) and spec, as recorded at its start."""
-    optuna = _optuna()
     if not storage_path().is_file():
         raise UserError(f"{what} {name}: no sweeps yet ({storage_path()} does not exist); start one with "
                         "`gputui sweep PROFILE`")
     store = storage()
-    names = _names(store)
-    if name not in names:
-        known = ", ".join(names[-8:]) or "none"
+    known_names = names(store)
+    if name not in known_names:
+        known = ", ".join(known_names[-8:]) or "none"
         raise UserError(f"{what} {name}: no such sweep in {storage_path()} (sweeps: {known})")
-    plain = optuna.load_study(study_name=name, storage=store)
+    plain = open_study(name, store)
     text = plain.user_attrs.get(PROFILE_ATTR)
     if not isinstance(text, str):
         raise UserError(f"{what} {name}: this study was not made by gputui sweep (no profile recorded)")
@@ -149,7 +156,7 @@ def load(name: str, what: str = "--resume") -> tuple[Any, Any, SweepSpec]:
 
         spec = replace(spec, name=name)
     sampler, pruner = sampler_and_pruner(spec)
-    study = optuna.load_study(study_name=name, storage=store, sampler=sampler, pruner=pruner)
+    study = open_study(name, store, sampler, pruner)
     return study, profile, spec
 
 

@@ -33,7 +33,7 @@ SWEEP_KEYS: tuple[Key, ...] = (
     Key("escape", "close", "Back", "Back to the dashboard (W too).", "Esc"),
 )
 
-STATE_STYLE = {"running": "bold", "complete": "green", "pruned": "yellow", "failed": "red", "requeued": "dim",
+STATE_STYLE = {"running": "bold", "complete": "green", "pruned": "yellow", "fail": "red", "requeued": "dim",
                "waiting": "dim"}
 
 
