@@ -185,6 +185,10 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
         emit = _tee(log, view)
         try:
             trainer = Trainer(cfg, run, data, device, emit, stop, start_info=start_info)
+            if not cfg.threads and "OMP_NUM_THREADS" not in os.environ and device.type == "cpu":
+                from gputui.train.threads import Governor
+
+                trainer.governor = Governor(threads)  # chosen by gputui: it follows the machine's load
             return trainer.train(resume=resume)
         except GputuiError as exc:  # the run's last event says why it ended, as a DDP rank's does
             emit(error_event(exc))

@@ -171,3 +171,32 @@ def test_an_efficiency_over_100_percent_says_why() -> None:
     linear = [row("seed cpu x1", 1, 1000.0, busy=0.0), row("seed cpu ddp x2", 2, 1800.0, busy=0.0)]
     bench.add_speedups(linear, cores=2)
     assert linear[1].detail == ""
+
+
+def test_the_governor_follows_the_load_while_a_run_trains() -> None:
+    """Idle at the start (2 threads), two hogs arrive (1 thread), they leave (2 again); a window
+    shorter than every_s decides nothing; this process's own spinning threads are not 'others'."""
+    from gputui.train.threads import CpuView, Governor, Sample
+
+    samples: list[Sample] = []
+    clock = {"t": 0.0, "busy": 0.0, "own": 0.0}
+
+    def sample() -> Sample:
+        s = Sample(clock["t"], clock["busy"], clock["own"])
+        samples.append(s)
+        return s
+
+    def run(seconds: float, others: float, own: float = 2.0) -> None:
+        clock["t"] += seconds
+        clock["own"] += own * seconds
+        clock["busy"] += (others + own) * seconds
+
+    gov = Governor(2, every_s=5.0, view=CpuView(cores=2), sample=sample)
+    run(6, others=0.0)
+    assert gov.tick() is None and gov.threads == 2  # we alone keep both cores busy: nothing changes
+    run(6, others=2.0, own=0.0)  # two hogs: our spinning threads are starved
+    assert gov.tick() == 1 and gov.threads == 1
+    run(2, others=0.0, own=1.0)
+    assert gov.tick() is None  # 2 s: too short a window to decide
+    run(4, others=0.0, own=1.0)
+    assert gov.tick() == 2 and gov.changes == 2  # the hogs left

@@ -94,6 +94,7 @@ class Trainer:
                  stop: StopFlag, dist: Dist | None = None, start_info: dict[str, Any] | None = None) -> None:
         self.cfg, self.run, self.device, self.emit, self.stop, self.dist = cfg, run, device, emit, stop, dist
         self.start_info = start_info or {}
+        self.governor: Any = None  # gputui.train.threads.Governor: the thread count follows what is free
         world = dist.world if dist else 1
         if cfg.batch_size % world:
             raise UserError(f"batch_size {cfg.batch_size} does not split evenly over {world} ddp processes")
@@ -241,6 +242,8 @@ class Trainer:
                    l1=None if l1 is None else round(l1, 6), samples_per_s=round(rate, 1),
                    lr=self.schedule.at(self.step - 1), elapsed_s=round(self.meter.elapsed_s, 3))
         pace.reported()
+        if self.governor is not None and (threads := self.governor.tick()) is not None:
+            torch.set_num_threads(threads)  # the machine got busier (or freer) since the start
 
     def _end_epoch(self) -> None:
         """Fold the epoch's losses, evaluate, checkpoint: none of it training time."""

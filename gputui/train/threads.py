@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 SAMPLE_S = 0.3  # the shortest window other processes' CPU use is sampled over
 
@@ -74,6 +74,41 @@ def machine(since: "Sample | None" = None, sample_s: float = SAMPLE_S) -> CpuVie
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     busy, how = others_busy(since, sample_s)
     return CpuView(cores=cores, affinity=affinity, quota=cgroup_quota(), busy=busy, busy_how=how)
+
+
+class Governor:
+    """Keeps a run's thread count fitting what is free while it trains: a machine that was idle
+    at the start and gets busy later (another job, a second run) would otherwise collapse the
+    run's spinning threads onto cores others hold. `tick()` is cheap (a read of /proc/stat);
+    it re-decides at most every `every_s` seconds over the window since its last decision,
+    with this process's own CPU time taken out, and returns the new count when it changed."""
+
+    def __init__(self, threads: int, workers: int = 1, every_s: float = 5.0,
+                 view: CpuView | None = None, sample: "Callable[[], Sample] | None" = None) -> None:
+        self.threads = threads
+        self.workers = workers
+        self.every_s = every_s
+        if view is None:  # what bounds us does not change during a run; what others use does
+            view = CpuView(cores=os.cpu_count() or 1, quota=cgroup_quota(),
+                           affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+        self._base = view
+        self._sample = sample or take_sample
+        self._since = self._sample()
+        self.changes = 0
+
+    def tick(self) -> int | None:
+        now = self._sample()
+        if now.at - self._since.at < self.every_s:
+            return None
+        busy = busy_between(self._since, now)
+        self._since = now
+        if busy is None:
+            return None
+        n, _why = choose_threads(self.workers, CpuView(self._base.cores, self._base.affinity, self._base.quota, busy))
+        if n == self.threads:
+            return None
+        self.threads, self.changes = n, self.changes + 1
+        return n
 
 
 # -- what other processes use ----------------------------------------------------------------
