@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from gputui.console import CollectView
 from gputui.errors import GputuiError
 from gputui.train.threads import busy_between, take_sample
+from gputui.units import plural
 
 FULL_EPOCH = 60000  # images in one epoch of MNIST: what "s/epoch" is quoted for
 TEST_IMAGES = 200
@@ -86,7 +87,7 @@ def plan(models: Sequence[str], gpu_count: int, cpu_procs: int, cluster: Any = N
         rows.append(RowSpec(f"{model} ddp x{n} GPU", model, "cuda", "ddp", n, gpu0, nproc=n, gpus=gpus, skip=no_gpu))
         if cluster is not None:
             workers = cluster.nodes * cluster.nproc_per_node
-            rows.append(RowSpec(f"{model} cluster {cluster.nodes} node(s) x{cluster.nproc_per_node}", model, "auto",
+            rows.append(RowSpec(f"{model} cluster {plural(cluster.nodes, 'node')} x{cluster.nproc_per_node}", model, "auto",
                                 "cluster", workers, cpu if gpu_count == 0 else gpu0, profile=cluster_profile))
     return rows
 

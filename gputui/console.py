@@ -77,12 +77,6 @@ def _num(value: Any, spec: str, unit: str = "") -> str:
         return "n/a"
 
 
-def _epochs(value: Any) -> str:
-    """'1 epoch', '12 epochs'; 'n/a epochs' for what is not a whole number."""
-    n = _int(value)
-    return "n/a epochs" if n is None else units.plural(n, "epoch")
-
-
 def _fmt_acc(value: Any) -> str:
     return _num(value, ".2f", "%")
 
@@ -148,7 +142,7 @@ class ProgressView:
             self.console.print(_text(
                 "run ", (event.get("run_id"), "bold"), ": model ", (event.get("model"), ""), " on ",
                 (event.get("device"), ""), " (", (event.get("strategy"), ""), ", ",
-                (units.plural(world, "process") if world else "n/a processes", ""), f"){note}",
+                (units.plural_of(world, "process"), ""), f"){note}",
             ))
             epoch = 1
             if resumed and self.steps_per_epoch:  # resumed in the epoch that step belongs to
@@ -190,7 +184,7 @@ class ProgressView:
             self.close()
             self.console.print(_text(
                 ("done", "green"),
-                f": test acc {_fmt_acc(event.get('test_acc'))} after {_epochs(event.get('epochs'))}, "
+                f": test acc {_fmt_acc(event.get('test_acc'))} after {units.plural_of(event.get('epochs'), 'epoch')}, "
                 f"{_num(event.get('elapsed_s'), '.1f')} s training (+{_num(event.get('eval_s'), '.1f')} s evaluation)",
             ))
 

@@ -23,6 +23,7 @@ from gputui.errors import GputuiError, UserError
 from gputui.history import completed_epochs
 from gputui.paths import profiles_dir, runs_home
 from gputui.profiles import RunConfig, RunSettings, load_profile
+from gputui.units import plural
 
 # Settings a resumed run may change; the others would break the checkpoint or its schedule.
 RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch", "cuda_graph"}
@@ -123,7 +124,7 @@ def validate(cfg: RunConfig) -> None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         bad = [g for g in cfg.gpus if g >= count]
         if bad and count:
-            raise UserError(f"--gpus {','.join(map(str, cfg.gpus))}: only {count} CUDA device(s) visible "
+            raise UserError(f"--gpus {','.join(map(str, cfg.gpus))}: only {plural(count, 'CUDA device')} visible "
                             f"(0..{count - 1})")
 
 
@@ -172,7 +173,7 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
             count = torch.cuda.device_count()
             bad = [g for g in cfg.gpus if g >= count]
             if bad:
-                raise UserError(f"gpus {bad}: only {count} CUDA device(s) visible")
+                raise UserError(f"gpus {bad}: only {plural(count, 'CUDA device')} visible")
             device = torch.device("cuda", cfg.gpus[0])
         start_info["gpus"] = list(cfg.gpus) if cfg.gpus else list(range(torch.cuda.device_count()))
     threads, threads_why = run_threads(cfg.threads, os.environ, view=None if cfg.threads else machine(sample))

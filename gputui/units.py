@@ -173,3 +173,11 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
     if many is None:
         many = noun + ("es" if noun.endswith(("s", "sh", "x")) else "s")  # "batch": pass many
     return f"{n} {many}"
+
+
+def plural_of(value: object, noun: str) -> str:
+    """plural() for a count read from outside (an event's field): "n/a steps" when it is not a
+    whole number."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return plural(value, noun)
+    return f"{NA} {noun}s"

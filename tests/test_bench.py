@@ -29,7 +29,7 @@ def test_bench_measures_cpu_ddp_and_the_cluster_and_keeps_the_rows(
     doc = json.loads(result.stdout)
     rows = {r["label"]: r for r in doc["rows"]}
     cpu, ddp = rows["seed cpu x1"], rows["seed cpu ddp x2"]
-    cluster = rows["seed cluster 2 node(s) x1"]
+    cluster = rows["seed cluster 2 nodes x1"]
     for row in (cpu, ddp, cluster):
         assert row["status"] == "ok", row
         assert row["samples_per_s"] > 0
@@ -67,7 +67,7 @@ def test_plan_covers_each_gpu_dataparallel_ddp_and_the_cluster() -> None:
     rows = plan(["seed", "fast"], gpu_count=2, cpu_procs=2, cluster=Cluster(), cluster_profile=Path("c.toml"))
     labels = [r.label for r in rows if r.model == "seed"]
     assert labels == ["seed cpu x1", "seed cpu ddp x2", "seed cuda:0", "seed cuda:1", "seed cuda:0 graph",
-                      "seed dataparallel x2 GPU", "seed ddp x2 GPU", "seed cluster 3 node(s) x2"]
+                      "seed dataparallel x2 GPU", "seed ddp x2 GPU", "seed cluster 3 nodes x2"]
     graph = rows[4]
     assert (graph.device, graph.strategy, graph.cuda_graph, graph.baseline) == ("cuda:0", "single", True, "seed cuda:0")
     assert [r.cuda_graph for r in rows[2:4]] == [False, False]  # the per-GPU rows are the eager step

@@ -187,3 +187,23 @@ def test_curve_ticks_use_one_precision_per_axis() -> None:
     assert x_labels("epoch", [0.5, 1.0, 1.5, 2.0]) == ["0.5", "1.0", "1.5", "2.0"]
     assert x_labels("step", [500.0, 1000.0]) == ["500", "1000"]
     assert axis_labels([95.0, 97.5, 100.0], step=2.5, percent=True) == ["95.0%", "97.5%", "100.0%"]
+
+
+def test_no_message_counts_with_s_in_brackets() -> None:
+    """Every count in a message goes through units.plural: an AST scan of gputui's string
+    constants (docstrings aside) fails on 'epoch(s)', 'process(es)' and their kind."""
+    import ast
+
+    from .conftest import REPO
+
+    found = []
+    for path in sorted((REPO / "gputui").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {id(node.body[0].value) for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                    and re.search(r"[A-Za-z]\((?:e?s)\)", node.value)):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
+    assert found == []

@@ -32,6 +32,7 @@ from gputui.cluster.sshnode import sh
 from gputui.cluster.stopping import Stopped
 from gputui.errors import GputuiError, UserError
 from gputui.runs import CHECKPOINT
+from gputui.units import plural
 
 EXIT_GRACE_S = 5.0  # after the group finished or stopped, how long the other nodes get to exit by themselves
 TOKEN_FILE = "rdzv.token"  # in a slave's run directory: the attempt's rendezvous token (0600)
@@ -74,14 +75,14 @@ class Attempts:
             if ctx.stops.requested:
                 return Outcome.INTERRUPTED
             ctx.emit("relaunch", attempt=attempt, from_step=self.relay.last_step, reason=why,
-                     message=f"relaunching on {len(ctx.group)} node(s) ({why}), resuming from the last checkpoint")
+                     message=f"relaunching on {plural(len(ctx.group), 'node')} ({why}), resuming from the last checkpoint")
 
     def _attempt(self, attempt: int, resume: bool) -> Outcome:
         ctx = self.ctx
         rdzv = self._rendezvous(attempt)
         ctx.emit("cluster", attempt=attempt, nodes=[n.name for n in ctx.group], world_size=len(ctx.group) * rdzv.nproc_per_node,
                  min_nodes=rdzv.min_nodes, rdzv=rdzv.endpoint,
-                 message=f"{len(ctx.group)} node(s) x {rdzv.nproc_per_node} process(es), rendezvous at {rdzv.endpoint}")
+                 message=f"{plural(len(ctx.group), 'node')} x {plural(rdzv.nproc_per_node, 'process')}, rendezvous at {rdzv.endpoint}")
         self.relay.new_attempt()
         ctx.group.new_attempt()
         self.lost.clear()

@@ -23,6 +23,7 @@ from gputui.cluster.sshnode import SlaveConnection, quote_path
 from gputui.errors import GputuiError, UserError
 from gputui.hosts import HostSpec
 from gputui.paths import bundled_mnist
+from gputui.units import plural
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -121,7 +122,7 @@ def _start_cloud(ctx: RunContext, count: int, minimum: int) -> None:
     slaves = ctx.manager.ensure(count, minimum=minimum, started=record_started(ctx), sleep=ctx.stops.sleep)
     ours = [x.instance_id for x in slaves if x.started_here]
     if ours:
-        ctx.emit("slaves_started", instances=ours, message=f"{len(ours)} cloud slave(s) started")
+        ctx.emit("slaves_started", instances=ours, message=f"{plural(len(ours), 'cloud slave')} started")
     for slave in slaves:
         conn = connect_cloud(ctx, slave)
         ctx.group.nodes.append(Node(slave.instance_id, "cloud", conn.address, slave.spec, conn,

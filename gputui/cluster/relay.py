@@ -19,6 +19,7 @@ from gputui.cluster.node import NODE_TAG
 from gputui.cluster.worker import EVENT_TAG
 from gputui.model import outside
 from gputui.model.text import clean, clean_tree
+from gputui.units import plural_of
 
 FETCH_AT = ("epoch", "interrupted", "done")
 
@@ -74,7 +75,7 @@ class Relay:
             if self.lost_at is not None and resumed is not None:
                 lost = max(0, self.lost_at - resumed)
                 self.ctx.emit("resumed", from_step=resumed, lost_steps=lost, nodes=event.get("nodes"),
-                              message=f"resumed at step {resumed} on {event.get('nodes')} node(s) ({lost} step(s) redone)")
+                              message=f"resumed at step {resumed} on {plural_of(event.get('nodes'), 'node')} ({plural_of(lost, 'step')} redone)")
                 self.lost_at = None
         elif kind == "restarted":
             self.node_lost()

@@ -17,6 +17,8 @@ import shlex
 import sys
 from typing import Any
 
+from gputui.units import plural
+
 DEFAULT_HOST = "127.0.0.1"
 PUBLIC_HOST = "0.0.0.0"
 DEFAULT_PORT = 8000
@@ -202,7 +204,7 @@ async def close_sessions(runner: Any, again: Any) -> None:
         return
     left = [p for p in psutil.Process().children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     if left:
-        print(f"gputui: {len(left)} dashboard(s) had not quit: killed (SIGKILL); a run they followed goes on "
+        print(f"gputui: {plural(len(left), 'dashboard')} had not quit: killed (SIGKILL); a run they followed goes on "
               "(`gputui runs` lists it; a dashboard's `a` attaches to it)", file=sys.stderr, flush=True)
     for proc in left:
         try:

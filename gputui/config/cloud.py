@@ -75,7 +75,7 @@ class CloudSettings:
                                    "from the instance's console output, where cloud-init prints it, and pinned).", False)
     public_key: str = key("str", "Your SSH public key file, imported as the EC2 key pair (relative to the profile).",
                           "~/.ssh/id_ed25519.pub")
-    proxy_jump: str | None = key("str", "Jump host(s) in front of the slaves, as OpenSSH's ProxyJump: "
+    proxy_jump: str | None = key("str", "Jump hosts in front of the slaves, as OpenSSH's ProxyJump: "
                                  "\"user@bastion:port\", comma-separated for a chain (default: none).", None,
                                  check=check_jump)
     ssh_cidr: str | None = key("str", "Who may reach port 22 (default: this machine's public address as /32, found "

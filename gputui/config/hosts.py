@@ -85,7 +85,7 @@ class HostSpec:
                                  minimum=0.1, maximum=300)
     command_timeout: float = key("float", "Seconds allowed for one poll's answer.", 10.0, minimum=0.1, maximum=600)
     # OpenSSH's ProxyJump syntax (parse_proxy_jump); None: ~/.ssh/config's
-    proxy_jump: str | None = key("str", "Jump host(s) to reach it through, as OpenSSH's ProxyJump: \"user@bastion:port\", "
+    proxy_jump: str | None = key("str", "Jump hosts to reach it through, as OpenSSH's ProxyJump: \"user@bastion:port\", "
                                  "comma-separated for a chain, \"none\" to ignore ~/.ssh/config's (default: "
                                  "~/.ssh/config's ProxyJump or ProxyCommand).", None, check=check_jump)
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gputui.curves import Curves
 from gputui.events import finite, typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
+from gputui.units import plural_of
 
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
 ACTIVE = ("starting", "running", "stopping")
@@ -282,7 +283,7 @@ def event_line(event: Mapping[str, Any]) -> str | None:
         resumed = event.get("resumed_from_step")
         how = f"resumed at step {resumed}" if resumed is not None else "started"
         return (f"run {event.get('run_id')} {how}: {event.get('model')} on {event.get('device')} "
-                f"({event.get('strategy')}), {_count(event.get('epochs'), 'epoch')}, {_count(event.get('total_steps'), 'step')}")
+                f"({event.get('strategy')}), {plural_of(event.get('epochs'), 'epoch')}, {plural_of(event.get('total_steps'), 'step')}")
     if kind == "epoch":
         return (f"epoch {event.get('epoch')}: test acc {fmt(event.get('test_acc'), '%', 2)}, "
                 f"test loss {fmt(event.get('test_loss'), '', 4)}; checkpoint saved")
@@ -295,10 +296,3 @@ def event_line(event: Mapping[str, Any]) -> str | None:
     if kind == "error":
         return f"run failed: {event.get('message')}"
     return None
-
-
-def _count(value: Any, noun: str) -> str:
-    """"12 epochs", "1 step"; "n/a epochs" for what is not a whole number."""
-    from gputui.units import plural
-
-    return plural(value, noun) if isinstance(value, int) and not isinstance(value, bool) else f"n/a {noun}s"

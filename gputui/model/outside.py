@@ -174,7 +174,7 @@ class Tally:
         """How much was not taken in all (None when nothing was)."""
         if not (self.refused or self.nulled):
             return None
-        return f"{self.source}: {self.refused} line(s) refused, {self.nulled} integer(s) out of range"
+        return f"{self.source}: {self.refused} {'line' if self.refused == 1 else 'lines'} refused, {self.nulled} {'integer' if self.nulled == 1 else 'integers'} out of range"
 
 
 def finite(value: Any) -> int | float | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputui import units
 from gputui.model.text import clean
+from gputui.units import plural_of
 
 if TYPE_CHECKING:
     from gputui.sweep.scheduler import SweepView
@@ -57,7 +58,7 @@ def event_line(kind: str, fields: dict[str, Any], metric: str) -> str | None:
     if kind == "budget":
         return f"budget: {fields.get('message')} ({units.money(fields.get('spent_usd'))} of {units.money(fields.get('budget_usd'))})"
     if kind == "start":
-        return (f"sweep {fields.get('name')}: {fields.get('trials')} trials on {_count(fields.get('slots'), 'slot')}; "
+        return (f"sweep {fields.get('name')}: {fields.get('trials')} trials on {plural_of(fields.get('slots'), 'slot')}; "
                 f"study in {fields.get('storage')}")
     return None
 
@@ -154,10 +155,3 @@ def make_view(json_lines: bool, metric: str) -> SweepView:
     if json_lines:
         return JsonLines()
     return Live(metric) if sys.stderr.isatty() else Lines(metric)
-
-
-def _count(value: Any, noun: str) -> str:
-    """"1 slot", "2 slots"; "n/a slots" for what is not a whole number (the line's fields are data)."""
-    from gputui.units import plural
-
-    return plural(value, noun) if isinstance(value, int) and not isinstance(value, bool) else f"n/a {noun}s"

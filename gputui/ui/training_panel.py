@@ -111,7 +111,7 @@ class TrainingSummary(Widget):
         after = f" after {units.duration(s.elapsed_s)}" if s.elapsed_s is not None else ""
         if s.status == "done":
             epochs = s.epochs if s.epochs is not None else s.epoch
-            said = units.plural(epochs, "epoch") if isinstance(epochs, int) else "n/a epochs"
+            said = units.plural_of(epochs, "epoch")
             return Text(self._fit(width, f"done: {said}, {units.count(s.step)} steps in "
                                          f"{units.duration(s.elapsed_s)}",
                                   f"done: {said} in {units.duration(s.elapsed_s)}"),
