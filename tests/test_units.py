@@ -114,7 +114,7 @@ def test_every_function_reads_none_and_nan_as_na(name: str) -> None:
 
 def test_run_progress_shows_samples_per_second_in_units(capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """`gputui run`'s progress line: "samples 140k/s", not "140,000 samples/s" or "1419/s"."""
+    """`gputui run`'s progress line: "140k samples/s", not "140,000 samples/s" or "1419/s"."""
     from gputui.console import ProgressView
 
     monkeypatch.setenv("COLUMNS", "200")
@@ -124,7 +124,7 @@ def test_run_progress_shows_samples_per_second_in_units(capsys: pytest.CaptureFi
     view.show({"event": "step", "epoch": 1, "step": 468, "loss": 0.25, "samples_per_s": 140_000.0, "elapsed_s": 1.0})
     view.close()
     err = capsys.readouterr().err
-    assert "samples 140k/s" in err, err
+    assert "140k samples/s" in err, err
 
 
 @pytest.mark.parametrize("fn, args, expected", [
