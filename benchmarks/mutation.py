@@ -60,6 +60,8 @@ MODULES: dict[str, tuple[str, ...] | None] = {
     "gputui/sweep/study.py": ("counted", "requeue_running"),
     "gputui/sweep/reader.py": ("state_name", "best_so_far"),
     "gputui/sweep/show.py": ("trial_rows",),
+    "gputui/sweep/lifecycle.py": None,  # a trial's states and their moves, one table
+    "gputui/dashboard/session.py": None,  # the dashboard's run: its states and moves, one table
 }
 
 # Fast in-process tests that reach those modules; mutmut runs, for each mutant, only the
@@ -84,6 +86,8 @@ TESTS = [
     "tests/test_sweep.py",
     "tests/test_sweep_master.py",
     "tests/test_sweep_scheduler.py",
+    "tests/test_trial_states.py",
+    "tests/test_run_session.py",
 ]
 # Tests in those files that start processes (a CLI, a killed writer, a guard subprocess).
 DESELECT = [
