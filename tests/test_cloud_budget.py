@@ -13,7 +13,8 @@ from gputui.cloud import budget
 from gputui.cloud.budget import BudgetGuard, guard_loop
 from gputui.cloud.fleet import poll
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate, wait_running
+from gputui.cloud.lifecycle import launch, plan_launch, terminate, wait_running
+from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.settings import CloudSettings
 from gputui.cloud.sim import SimProvider, SimScript

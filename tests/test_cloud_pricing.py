@@ -14,7 +14,7 @@ import pytest
 from botocore.stub import ANY, Stubber  # type: ignore[import-untyped]
 
 from gputui.cli import main
-from gputui.cloud import provider as provider_module
+from gputui.cloud import factory as provider_module
 from gputui.cloud.ec2 import Ec2Provider, parse_on_demand
 from gputui.cloud.pricing import TABLE_SOURCE, launch_price, on_demand_price, price_cache_path, quotes
 from gputui.cloud.sim import SimProvider

@@ -8,7 +8,8 @@ import pytest
 
 from gputui.cloud.address import ssh_cidr
 from gputui.cloud.lifecycle import key_pair_name
-from gputui.cloud.provider import check_cluster_name, make_provider
+from gputui.cloud.provider import check_cluster_name
+from gputui.cloud.factory import make_provider
 from gputui.cloud.settings import CLOUD_SECTION, load_cloud_settings
 from gputui.cloud.sim import SimProvider
 from gputui.errors import UserError

@@ -11,10 +11,11 @@ import pytest
 from botocore.stub import ANY, Stubber  # type: ignore[import-untyped]
 
 from gputui.cli import main
-from gputui.cloud import provider as provider_module
+from gputui.cloud import factory as provider_module
 from gputui.cloud.ec2 import Ec2Provider
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext, key_pair_name, launch, plan_launch
+from gputui.cloud.lifecycle import key_pair_name, launch, plan_launch
+from gputui.cloud.context import CloudContext
 from gputui.cloud.settings import CloudSettings
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import LaunchAttempt

@@ -17,7 +17,7 @@ import pytest
 
 from gputui import runs
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.launch import ClusterRun
 from gputui.cluster.manager import SlaveManager

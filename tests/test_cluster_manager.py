@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.manager import SlaveManager
 from gputui.cluster.settings import ClusterSettings, cluster_settings

@@ -11,7 +11,8 @@ import pytest
 
 from gputui.cli import main
 from gputui.cloud.ledger import SCHEMA_VERSION, Ledger
-from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate
+from gputui.cloud.lifecycle import launch, plan_launch, terminate
+from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import SourcedPrice
 from gputui.cloud.provider import LaunchRequest, instance_tags
 from gputui.cloud.settings import CloudSettings

@@ -16,8 +16,8 @@ import pytest
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
-from gputui.cloud.provider import make_provider
+from gputui.cloud.context import CloudContext
+from gputui.cloud.factory import make_provider
 from gputui.cloud.settings import load_cloud_settings
 from gputui.dashboard.slaves import SlaveControl
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.cloud.settings import CloudSettings
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.dashboard.child import TrainingChild, run_argv

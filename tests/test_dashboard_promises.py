@@ -17,7 +17,7 @@ from textual.message import Message
 
 from gputui import units
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.dashboard import child as child_module
 from gputui.dashboard.child import CLUSTER_STOP_S, LOCAL_STOP_S, TrainingChild
 from gputui.dashboard.hosts import ENERGY_FLUSH_S

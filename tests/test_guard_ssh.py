@@ -21,7 +21,8 @@ from typing import Iterator
 import pytest
 
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, wait_running
+from gputui.cloud.lifecycle import launch, plan_launch, wait_running
+from gputui.cloud.context import CloudContext
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.remote import cloud_checkpointer, private_key, ssh_checkpointer, ssh_command
 from gputui.cloud.settings import CloudSettings

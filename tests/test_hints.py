@@ -19,8 +19,9 @@ import pytest
 
 from gputui.cloud.leaks import exit_check
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
-from gputui.cloud.provider import instance_tags, make_provider
+from gputui.cloud.context import CloudContext
+from gputui.cloud.provider import instance_tags
+from gputui.cloud.factory import make_provider
 from gputui.cloud.settings import load_cloud_settings
 from gputui.cloud.sim import SimProvider
 

@@ -19,10 +19,11 @@ import pytest
 from gputui.cli import main
 from gputui.cloud.ec2 import Ec2Provider
 from gputui.cloud.fleet import poll
-from gputui.cloud.lease import (SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LAUNCHED, TAG_LEASE, TAG_MAX, LeaseRenewer,
-                                ended_how, renew)
+from gputui.cloud.lease import LeaseRenewer, ended_how, renew
+from gputui.cloud.tags import SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LAUNCHED, TAG_LEASE, TAG_MAX
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate, wait_running
+from gputui.cloud.lifecycle import launch, plan_launch, terminate, wait_running
+from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.settings import CloudSettings, load_cloud_settings
 from gputui.cloud.sim import SimProvider, SimScript

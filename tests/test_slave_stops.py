@@ -69,9 +69,10 @@ def test_the_guard_s_command_follows_the_profile_s_remote_dir(tmp_path: Path) ->
 
 
 def test_stalled_minutes_defaults_to_an_hour_and_goes_to_the_slaves_as_a_tag(tmp_path: Path) -> None:
-    from gputui.cloud.lease import TAG_STALLED, launch_tags
+    from gputui.cloud.lease import launch_tags
+    from gputui.cloud.tags import TAG_STALLED
     from gputui.cloud.ledger import Ledger
-    from gputui.cloud.lifecycle import CloudContext
+    from gputui.cloud.context import CloudContext
     from gputui.cloud.sim import SimProvider
 
     profile = tmp_path / "p.toml"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.cloud.ledger import Ledger
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.manager import SlaveManager
 from gputui.hosts import HostSpec

@@ -456,7 +456,8 @@ def test_the_user_data_carries_the_stalled_limit(tmp_path: Path) -> None:
 
 
 def test_a_watchdog_stop_for_stalled_is_recorded_as_self_stalled() -> None:
-    from gputui.cloud.lease import SELF_STOP_CODE, ended_how
+    from gputui.cloud.lease import ended_how
+    from gputui.cloud.tags import SELF_STOP_CODE
     from gputui.model.cloud import InstanceInfo
 
     info = InstanceInfo("i-1", "g4dn.xlarge", "us-east-1a", "terminated", "spot", 1000.0, None,

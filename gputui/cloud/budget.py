@@ -12,9 +12,10 @@ import threading
 from typing import Callable, Sequence
 
 from gputui import units
-from gputui.cloud.costs import committed_cost, instance_cost
+from gputui.cloud.costs import cluster_spent, committed_cost
 from gputui.cloud.fleet import poll
-from gputui.cloud.lifecycle import CloudContext, terminate
+from gputui.cloud.lifecycle import terminate
+from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.redact import redact
 from gputui.errors import GputuiError
@@ -44,8 +45,7 @@ class BudgetGuard:
         ctx, p = self.ctx, self.ctx.provider
         now = ctx.clock() if now is None else now
         records = ctx.ledger.instances(p.name, p.region, cluster=ctx.cluster)
-        spent = sum(instance_cost(r, now) for r in records)
-        spent += sum(kwh * rate for _s, cluster, _r, _a, _b, kwh, rate in ctx.ledger.energy() if cluster == ctx.cluster)
+        spent = cluster_spent(ctx.ledger, p.name, p.region, ctx.cluster, now)
         committed = sum(committed_cost(r, now, self.interval_s) for r in records if r.running)
         return BudgetStatus(ctx.settings.budget_usd, spent, committed + extra_committed, self.warn_fraction)
 

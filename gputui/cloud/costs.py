@@ -72,6 +72,13 @@ def total_cost(records: Iterable[InstanceRecord], now: float) -> float:
     return sum(instance_cost(r, now) for r in records)
 
 
+def cluster_spent(ledger: Ledger, provider: str, region: str, cluster: str, now: float) -> float:
+    """What a cluster has cost so far: its instances (ended or running) and its energy lines.
+    The budget guard and the lease's end of budget both read it."""
+    spent = sum(instance_cost(r, now) for r in ledger.instances(provider, region, cluster=cluster))
+    return spent + sum(kwh * rate for _s, c, _r, _a, _b, kwh, rate in ledger.energy() if c == cluster)
+
+
 @dataclass(frozen=True)
 class BilledSpendLine(SpendLine):
     """A report row whose mean $/h is taken over the time billed (the 60 s minimum included),

@@ -12,9 +12,9 @@ from typing import Sequence
 from gputui import units
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.lease import ended_how
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
-from gputui.cloud.provider import TAG_MANAGED
+from gputui.cloud.tags import TAG_MANAGED
 from gputui.model.cloud import ENDED_STATES, CloudEvent, FleetEntry, InstanceInfo
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from gputui import lockfile
-from gputui.cloud.lifecycle import CloudContext
+from gputui.cloud.context import CloudContext
 from gputui.paths import data_home, log_home, moved_once
 
 _DETACHED: list["subprocess.Popen[bytes]"] = []

@@ -23,7 +23,7 @@ from gputui.model.cloud import InstanceRecord
 from gputui.units import plural
 
 if TYPE_CHECKING:  # lifecycle is imported only when something must be terminated
-    from gputui.cloud.lifecycle import CloudContext
+    from gputui.cloud.context import CloudContext
 
 
 def describe(records: list[InstanceRecord]) -> str:

@@ -28,19 +28,14 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
+from gputui.cloud.costs import cluster_spent
+from gputui.cloud.tags import SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LAUNCHED, TAG_LEASE, TAG_MAX, TAG_STALLED
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceInfo
 
 if TYPE_CHECKING:
-    from gputui.cloud.lifecycle import CloudContext
+    from gputui.cloud.context import CloudContext
 
-TAG_LEASE = "gputui:lease-until"
-TAG_BUDGET = "gputui:budget-until"
-TAG_MAX = "gputui:max-until"
-TAG_IDLE = "gputui:idle-seconds"
-TAG_STALLED = "gputui:stalled-seconds"
-TAG_LAUNCHED = "gputui:launched-at"
-SELF_STOP_CODE = "Client.InstanceInitiatedShutdown"  # EC2's state reason for a shutdown from inside
 REASONS = ("budget", "lease", "max_hours", "stalled", "idle")  # the watchdog's order of precedence
 WHY = {"lease": "the master's lease passed", "budget": "the budget time came",
        "max_hours": "its max_hours passed", "stalled": "training made no progress for stalled_minutes",
@@ -59,14 +54,12 @@ class Taggable(Protocol):
 def budget_until(ctx: "CloudContext", now: float, extra_rate: float = 0.0) -> float | None:
     """When the cluster's budget runs out at the current prices: now + what is left divided by
     the fleet's $/h (its running slaves plus `extra_rate`, a launch). None with no rate."""
-    from gputui.cloud.budget import BudgetGuard  # imports lifecycle, which imports this module
-
     p = ctx.provider
     rate = sum(r.hourly_price for r in ctx.ledger.instances(p.name, p.region, cluster=ctx.cluster, running=True))
     rate += extra_rate
     if rate <= 0:
         return None
-    left = ctx.settings.budget_usd - BudgetGuard(ctx, ctx.settings.renew_minutes * 60).status(now).spent_usd
+    left = ctx.settings.budget_usd - cluster_spent(ctx.ledger, p.name, p.region, ctx.cluster, now)
     return now + max(0.0, left) / rate * 3600.0
 
 

@@ -17,12 +17,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from gputui.cloud.pricing import SourcedPrice
+from gputui.cloud.tags import TAG_CLUSTER, TAG_MANAGED, TAG_OWNER
 from gputui.errors import GputuiError, UserError
 from gputui.model.cloud import InstanceInfo
 
-TAG_MANAGED = "gputui:managed"
-TAG_CLUSTER = "gputui:cluster"
-TAG_OWNER = "gputui:owner"
 
 # Capacity and price errors: another zone (or on-demand) may succeed.
 ZONE_ERRORS = frozenset({
@@ -151,17 +149,3 @@ def check_cluster_name(name: str) -> str:
         raise UserError(f"--cluster {name!r}: use letters, digits, '-', '_' or '.' (at most 63)")
     return name
 
-
-def make_provider(kind: str | None, region: str) -> CloudProvider:
-    """The provider named by `kind` or `GPUTUI_CLOUD` ('ec2', the default, or 'sim')."""
-    kind = kind or os.environ.get("GPUTUI_CLOUD") or "ec2"
-    if kind == "ec2":
-        from gputui.cloud.ec2 import Ec2Provider
-
-        return Ec2Provider(region)
-    if kind == "sim":
-        from gputui.cloud.sim import SimProvider
-        from gputui.paths import data_home
-
-        return SimProvider.from_env(region, data_home() / "cloud-sim.json")
-    raise UserError(f"provider {kind!r}: expected 'ec2' or 'sim' (--provider or GPUTUI_CLOUD)")

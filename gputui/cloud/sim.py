@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gputui.cloud.lease import SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LEASE, TAG_MAX
+from gputui.cloud.tags import SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LEASE, TAG_MAX
 from gputui.cloud.pricing import ON_DEMAND_USD, SourcedPrice, table_price
 from gputui.cloud.provider import CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.cloud.userdata import MARKER, user_data

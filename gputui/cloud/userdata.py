@@ -10,7 +10,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Mapping
 
-from gputui.cloud.lease import TAG_IDLE, TAG_LEASE, TAG_MAX, TAG_STALLED
+from gputui.cloud.tags import TAG_IDLE, TAG_LEASE, TAG_MAX, TAG_STALLED
 
 INSTALL_PATH = "/usr/local/sbin/gputui-watchdog"
 DEFAULTS_PATH = "/etc/default/gputui-watchdog"

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from gputui import units
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.leaks import ls_command
-from gputui.cloud.lifecycle import CloudContext, UpResult, launch, plan_launch, terminate, wait_running
+from gputui.cloud.lifecycle import UpResult, launch, plan_launch, terminate, wait_running
+from gputui.cloud.context import CloudContext
 from gputui.cluster.settings import ClusterSettings
 from gputui.cluster.store import ClusterStore
 from gputui.errors import GputuiError
@@ -237,7 +238,8 @@ class SlaveManager:
 def cloud_context(settings: ClusterSettings, provider_kind: str | None = None, ledger_path: Path | None = None) -> CloudContext:
     """The CloudContext of a cluster's cloud slaves (provider from GPUTUI_CLOUD or ec2)."""
     from gputui.cloud.ledger import Ledger
-    from gputui.cloud.provider import default_owner, make_provider
+    from gputui.cloud.provider import default_owner
+    from gputui.cloud.factory import make_provider
 
     assert settings.cloud is not None
     provider = make_provider(provider_kind, settings.cloud.region)

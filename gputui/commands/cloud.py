@@ -74,8 +74,9 @@ def register(subparsers: Any) -> None:
 
 def context(args: argparse.Namespace, listener: Any = None) -> Any:
     from gputui.cloud.ledger import Ledger
-    from gputui.cloud.lifecycle import CloudContext
-    from gputui.cloud.provider import check_cluster_name, default_owner, make_provider
+    from gputui.cloud.context import CloudContext
+    from gputui.cloud.provider import check_cluster_name, default_owner
+    from gputui.cloud.factory import make_provider
     from gputui.cloud.settings import load_cloud_settings
 
     settings = load_cloud_settings(args.profile)
@@ -176,7 +177,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from gputui.cloud.fleet import poll
     from gputui.cloud.lifecycle import terminate
     from gputui.cloud.pricing import PriceBook
-    from gputui.cloud.provider import TAG_MANAGED
+    from gputui.cloud.tags import TAG_MANAGED
     from gputui.commands import cloud_view as view
     from gputui.errors import UserError
 

@@ -151,8 +151,9 @@ class Backend:
     def slaves(self, say: Callable[[str], None], listener: Callable[[CloudEvent], None]) -> "SlaveControl | None":
         """The cluster's slaves (blocks: opens the ledger, maybe boto3); None without [cloud]."""
         from gputui.cloud.ledger import Ledger
-        from gputui.cloud.lifecycle import CloudContext
-        from gputui.cloud.provider import check_cluster_name, default_owner, make_provider
+        from gputui.cloud.context import CloudContext
+        from gputui.cloud.provider import check_cluster_name, default_owner
+        from gputui.cloud.factory import make_provider
         from gputui.dashboard.slaves import SlaveControl
 
         settings = self.cloud_settings()

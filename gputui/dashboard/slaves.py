@@ -15,7 +15,8 @@ from gputui import units
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.fleet import fleet
-from gputui.cloud.lifecycle import CloudContext, launch, plan_launch, terminate
+from gputui.cloud.lifecycle import launch, plan_launch, terminate
+from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.dashboard.cost import CostFrame, SlaveLine
 from gputui.errors import GputuiError, UserError
