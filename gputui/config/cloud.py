@@ -12,10 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gputui.config.cluster import DEFAULT_IDLE_STOP_MINUTES, DEFAULT_REMOTE_DIR
 from gputui.config.hosts import USER_NAME, check_jump
 from gputui.config.schema import REQUIRED, key, section_of
 from gputui.errors import UserError, read_user_file
+
+# [cluster]'s defaults, written here since a cloud's slaves follow them too (a [cluster] table holds
+# its [cloud], so config.cluster imports this module, never the other way):
+# [cluster] idle_stop_minutes' default: also the slaves' own idle stop when a profile has [cloud] but no [cluster]
+DEFAULT_IDLE_STOP_MINUTES = 30.0
+# [cluster] remote_dir's default: where gputui goes on a slave, its nodes' GPUTUI_HOME in `home/` below it
+DEFAULT_REMOTE_DIR = "~/.gputui-cluster"
 
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 ZONE_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")

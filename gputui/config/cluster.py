@@ -10,18 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gputui.config.cloud import DEFAULT_IDLE_STOP_MINUTES, DEFAULT_REMOTE_DIR, CloudSettings
 from gputui.config.hosts import HostSpec
 from gputui.config.schema import REQUIRED, key, section_of
 
-if TYPE_CHECKING:
-    from gputui.config.cloud import CloudSettings
-
-# [cluster] idle_stop_minutes' default: also the slaves' own idle stop when a profile has [cloud] but no [cluster]
-DEFAULT_IDLE_STOP_MINUTES = 30.0
-# [cluster] remote_dir's default: where gputui goes on a slave, its nodes' GPUTUI_HOME in `home/` below it
-DEFAULT_REMOTE_DIR = "~/.gputui-cluster"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:,-]{1,64}$")
 _ADDR = re.compile(r"^[A-Za-z0-9_.:\-%]+$")
