@@ -22,7 +22,7 @@ from gputui.model.telemetry import HostState
 from gputui.paths import data_home
 
 if TYPE_CHECKING:
-    from gputui.sources.ssh import Target
+    from gputui.sources.target import Target
 
 _WRITE_LOCK = threading.Lock()
 # paramiko's words when a server accepts TCP but never completes the SSH handshake in time

@@ -17,13 +17,14 @@ from __future__ import annotations
 import getpass
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from gputui.hosts import Hop, HostSpec, parse_proxy_jump
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import Failure, HostKeyPolicy, SshOptions, classify
+from gputui.sources.target import Target
 
 MAX_HOPS = 8  # a ProxyJump chain longer than this (or a loop through ~/.ssh/config) is refused
 
@@ -36,33 +37,6 @@ warn: Callable[[str], None] = _warn_stderr  # where the config warning goes (the
 _warned: set[str] = set()
 _configs: dict[tuple[str, int, int], Any] = {}
 _config_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Target:
-    """A host's connection parameters once ~/.ssh/config and defaults are applied, and its route."""
-
-    hostname: str
-    port: int
-    user: str
-    key_files: tuple[str, ...]
-    via: "Target | None" = None  # the last bastion of the chain (its own `via`: the one before)
-    proxy_command: str | None = None  # ProxyCommand with %h %p %r already substituted
-
-    def label(self) -> str:
-        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
-        return f"{self.user}@{host}:{self.port}"
-
-    def route(self) -> str:
-        """" via bastion a, b" (first hop first), " via ProxyCommand ..." or ""."""
-        hops: list[str] = []
-        hop = self.via
-        while hop is not None:
-            hops.insert(0, hop.label())
-            hop = hop.via
-        if hops:
-            return f" via bastion {', '.join(hops)}"
-        return f" via ProxyCommand {self.proxy_command!r}" if self.proxy_command else ""
 
 
 class RouteError(Exception):

@@ -24,7 +24,8 @@ from gputui.model.telemetry import HostSnapshot, HostState
 from gputui.sources.host import cpu_percent
 from gputui.sources import jump
 from gputui.sources.hostkeys import Failure, SshOptions, classify
-from gputui.sources.jump import BastionError, RouteError, Target, resolve
+from gputui.sources.jump import BastionError, RouteError, resolve
+from gputui.sources.target import Target
 from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
 
 __all__ = ["CommandTimeout", "OutputTooLarge", "SshHost", "SshSource", "Target", "resolve"]
