@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 from gputui.errors import GputuiError, UserError
 from gputui.runs import CHECKPOINT, MAX_CHECKPOINT
 from gputui.sweep import protocol
-from gputui.sweep.slots import WorkerGone
+from gputui.sweep.base import WorkerGone
 
 READ_TIMEOUT_S = 5.0  # how often a silent channel checks its connection is still up
 KILL_TIMEOUT_S = 10.0

@@ -32,7 +32,7 @@ from gputui.errors import GputuiError
 from gputui.model import outside
 from gputui.sweep import protocol, study as studies
 from gputui.sweep.lifecycle import Outcome, Trial, Trials, TrialState
-from gputui.sweep.slots import Slot, WorkerGone, WorkerHandle
+from gputui.sweep.base import Slot, WorkerGone, WorkerHandle
 from gputui.sweep.space import SweepSpec, suggest
 
 MAX_ATTEMPTS = 2  # a trial that fails this many times is failed

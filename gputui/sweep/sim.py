@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from gputui import events
 from gputui.sweep import protocol
-from gputui.sweep.slots import WorkerGone
+from gputui.sweep.base import WorkerGone
 
 _pids = itertools.count(900000)
 
