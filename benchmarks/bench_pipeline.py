@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from gputui.console import CollectView
-from gputui.profiles import RunSettings, load_profile
+from gputui.config.run import RunSettings
+from gputui.config.profile import load_profile
 from gputui.runner import RunRequest, default_profile, execute, prepare
 from gputui.train import nets
 from gputui.train.data import load_dataset

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gputui.hosts import HostSpec  # noqa: E402
+from gputui.config.hosts import HostSpec  # noqa: E402
 from gputui.model.telemetry import HostState  # noqa: E402
 from gputui.sources.hostkeys import SshOptions  # noqa: E402
 from gputui.sources.ssh import SshSource  # noqa: E402

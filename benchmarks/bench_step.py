@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from gputui.profiles import RunSettings
+from gputui.config.run import RunSettings
 from gputui.train import nets
 from gputui.train.data import load_dataset
 from gputui.train.devices import synchronize

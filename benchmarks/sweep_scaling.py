@@ -116,7 +116,7 @@ t_start = time.perf_counter()
 import optuna, torch
 torch.set_num_threads(1)
 from gputui import runs
-from gputui.profiles import RunSettings
+from gputui.config.run import RunSettings
 from gputui.train.data import load_dataset
 from gputui.train.loop import StopFlag, Trainer
 data_dir, trials, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -155,7 +155,7 @@ def anchor(data: Path, trials: int, env: dict[str, str], device: str = "cpu") ->
 
 def turnaround(data: Path, env: dict[str, str], rounds: int, work: Path) -> dict[str, Any]:
     """Median ms from one trial's result to the next trial's start event, on one warm worker."""
-    from gputui.profiles import RunSettings
+    from gputui.config.run import RunSettings
 
     cfg = RunSettings(model="fast", data=str(data), epochs=1, batch_size=128).resolve()
     argv = [sys.executable, "-m", "gputui", "worker", "--device", "cpu", "--threads", "1", "--data", str(data)]

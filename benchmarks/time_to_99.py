@@ -32,7 +32,7 @@ from torch import nn
 
 from gputui.train.data import load_dataset
 from gputui.train.loop import eval_points, evaluate, to_device
-from gputui.train.recipes import RECIPES
+from gputui.config.recipes import RECIPES
 
 TARGET = 99.0
 

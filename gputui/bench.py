@@ -113,7 +113,7 @@ def slice_dataset(folder: Path, train_images: int) -> Path:
 
 def measure(spec: RowSpec, data: Path, batch_size: int, work: Path) -> BenchRow:
     """Run one row for one epoch of `data`; its rate from the events."""
-    from gputui.profiles import RunSettings
+    from gputui.config.run import RunSettings
     from gputui.runner import RunRequest, run
 
     row = BenchRow(spec.label, spec.model, spec.device, spec.strategy, spec.workers, spec.baseline, "skipped", detail=spec.skip or "")

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_overrides(args: argparse.Namespace) -> Any:
     """The run flags as RunSettings, each value checked by the profile schema."""
-    from gputui.profiles import RUN_SECTION, RunSettings
+    from gputui.config.run import RUN_SECTION, RunSettings
 
     values: dict[str, Any] = {}
     for flag, (key, parse) in RUN_FLAGS.items():

@@ -13,7 +13,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.model.text import clean
 from gputui.units import plural

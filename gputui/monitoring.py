@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gputui.errors import UserError
-from gputui.hosts import HostSpec, check_unique, hosts_from_profile, parse_host_arg
+from gputui.sources.hostspecs import check_unique, hosts_from_profile, parse_host_arg
+from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostSnapshot
 
 
@@ -47,7 +48,7 @@ def remote_specs(request: TelemetryRequest) -> list[HostSpec]:
     """The remote hosts of the profile and of --host, checked (exit 2 on any problem)."""
     specs: list[HostSpec] = []
     if request.profile is not None:
-        from gputui.profiles import load_profile
+        from gputui.config.profile import load_profile
 
         specs.extend(hosts_from_profile(load_profile(request.profile)))
     identity = None

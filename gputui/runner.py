@@ -22,7 +22,8 @@ from gputui.console import View
 from gputui.errors import GputuiError, UserError
 from gputui.history import completed_epochs
 from gputui.paths import profiles_dir, runs_home
-from gputui.profiles import RunConfig, RunSettings, load_profile
+from gputui.config.run import RunConfig, RunSettings
+from gputui.config.profile import load_profile
 from gputui.units import plural
 
 # Settings a resumed run may change; the others would break the checkpoint or its schedule.
@@ -93,7 +94,7 @@ def _check_cluster(profile_path: Path | None) -> Any:
     if profile_path is None:
         return None
     from gputui.cluster.settings import cluster_settings
-    from gputui.profiles import load_profile
+    from gputui.config.profile import load_profile
 
     settings = cluster_settings(load_profile(profile_path))
     refused = settings.master_unreachable() if settings is not None else None

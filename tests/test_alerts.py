@@ -143,7 +143,7 @@ def test_budget_share_of_the_cloud_cluster() -> None:
 
 
 def test_the_alerts_table_schema(tmp_path: Path) -> None:
-    from gputui.schema import Source
+    from gputui.config.schema import Source
 
     text = '[alerts]\ngpu_temperature_c = 85\nrepeat_s = 600\nwebhook = "http://127.0.0.1:9/x"\ncommand = "notify-send gputui"\n'
     table = ALERTS_SECTION.validate({"gpu_temperature_c": 85, "repeat_s": 600, "webhook": "http://127.0.0.1:9/x",

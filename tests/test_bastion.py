@@ -20,7 +20,7 @@ import pytest
 
 from gputui.cloud.remote import ssh_checkpointer
 from gputui.errors import GputuiError
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.cloud import InstanceRecord
 from gputui.model.telemetry import HostState
 from gputui.sources import jump

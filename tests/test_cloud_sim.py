@@ -24,7 +24,7 @@ from gputui.cloud import waiting
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.cluster.stopping import Stopped
 from gputui.errors import GputuiError, UserError
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.cloud import CloudEvent
 
 from .conftest import cli_env

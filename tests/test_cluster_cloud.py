@@ -22,9 +22,10 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.launch import ClusterRun
 from gputui.cluster.manager import SlaveManager
 from gputui.cluster.settings import cluster_settings
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.cloud import InstanceInfo
-from gputui.profiles import RunSettings, parse_profile
+from gputui.config.run import RunSettings
+from gputui.config.profile import parse_profile
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_wheel, pinned_wheel, remote_run_dirs, wait_no_leftovers,

@@ -9,7 +9,7 @@ import pytest
 
 from gputui.cluster.settings import cluster_settings
 from gputui.errors import UserError
-from gputui.profiles import parse_profile
+from gputui.config.profile import parse_profile
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust, wait_no_leftovers,

@@ -18,7 +18,7 @@ from gputui import runs
 from gputui.cluster.launch import ClusterRun
 from gputui.cluster.settings import load_cluster
 from gputui.cluster.sshnode import SlaveConnection
-from gputui.profiles import RunSettings
+from gputui.config.run import RunSettings
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,

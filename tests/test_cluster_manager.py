@@ -14,7 +14,7 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.manager import SlaveManager
 from gputui.cluster.settings import ClusterSettings, cluster_settings
 from gputui.errors import GputuiError
-from gputui.profiles import parse_profile
+from gputui.config.profile import parse_profile
 
 from .moto_fixture import public_key_line
 from .test_cloud_budget import T0, Clock  # the hand-driven clock of the cloud tests

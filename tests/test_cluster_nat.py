@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from gputui.cluster.settings import cluster_settings
-from gputui.profiles import parse_profile
+from gputui.config.profile import parse_profile
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,

@@ -16,7 +16,7 @@ from pathlib import Path
 from gputui.cluster.bootstrap import PTH, Bootstrapper, local_dataset, site_pth
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.cluster.wheel import given_wheel
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_wheel, trust,

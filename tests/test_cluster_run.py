@@ -15,7 +15,7 @@ import torch
 from gputui.cluster.bootstrap import Bootstrapper, local_dataset
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.cluster.wheel import build_wheel
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,

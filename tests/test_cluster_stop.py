@@ -27,7 +27,8 @@ from gputui.cluster.launch import ClusterRun
 from gputui.cluster.manager import SlaveManager
 from gputui.cluster.settings import cluster_settings
 from gputui.errors import GputuiError
-from gputui.profiles import RunSettings, parse_profile
+from gputui.config.run import RunSettings
+from gputui.config.profile import parse_profile
 
 from .conftest import cli_env, run_cli
 from .moto_fixture import sim_cloud_profile

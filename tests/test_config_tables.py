@@ -98,8 +98,7 @@ def test_schema_fields_and_sections_are_made_only_under_gputui_config() -> None:
                 name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
                 if name in makers:
                     outside.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {name}(")
-            elif (isinstance(node, ast.ImportFrom) and node.module in ("gputui.schema", "gputui.config.schema")
-                  and path != PACKAGE / "schema.py"):  # gputui/schema.py: the old name, re-exported
+            elif isinstance(node, ast.ImportFrom) and node.module == "gputui.config.schema":
                 outside += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: imports {a.name}"
                             for a in node.names if a.name in makers]
     assert outside == [], "profile keys are declared in gputui/config/ only"

@@ -32,7 +32,7 @@ from gputui.cluster.manager import default_host_spec
 from gputui.cluster.settings import cluster_settings
 from gputui.errors import GputuiError
 from gputui.model.cloud import InstanceInfo, InstanceRecord
-from gputui.profiles import parse_profile
+from gputui.config.profile import parse_profile
 
 from .cluster_fixture import ClusterNodes, cluster_nodes, trust  # noqa: F401 - fixture
 from .proc_support import Child

@@ -13,7 +13,7 @@ import pytest
 
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.errors import GputuiError
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 
 from .cluster_fixture import ClusterNodes, cluster_nodes, trust  # noqa: F401
 

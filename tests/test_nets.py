@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gputui.profiles import RunSettings
+from gputui.config.run import RunSettings
 from gputui.train import nets
 from gputui.train.loop import eval_points, lr_at
-from gputui.train.recipes import RECIPES
+from gputui.config.recipes import RECIPES
 
 
 def test_seed_network_matches_the_paper() -> None:

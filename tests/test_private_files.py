@@ -239,7 +239,7 @@ def test_a_slaves_remote_dir_is_private_and_an_open_one_is_tightened_at_the_next
     from gputui.cluster.bootstrap import Bootstrapper, local_dataset
     from gputui.cluster.sshnode import SlaveConnection
     from gputui.cluster.wheel import given_wheel
-    from gputui.hosts import HostSpec
+    from gputui.config.hosts import HostSpec
 
     node = cluster_nodes.shared_node(0)  # a loopback sshd: the slave's files are on this machine
     trust(gputui_home, node)

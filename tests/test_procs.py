@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from gputui.cli import main
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
 from gputui.monitoring import Telemetry, kill
 from gputui.processes import filter_rows, kill_local, kill_remote, parse_kill_answer, rows, signal_name, sort_rows

@@ -8,7 +8,8 @@ import typing
 from dataclasses import fields
 from pathlib import Path
 
-from gputui.profiles import RunConfig, RunSettings, load_profile, parse_profile
+from gputui.config.run import RunConfig, RunSettings
+from gputui.config.profile import load_profile, parse_profile
 from gputui.runs import PROFILE
 
 from .conftest import json_lines, make_dataset, run_cli

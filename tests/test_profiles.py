@@ -8,8 +8,9 @@ import pytest
 
 from gputui.errors import UserError
 from gputui.paths import profiles_dir
-from gputui.profiles import RunSettings, load_profile, parse_profile
-from gputui.train.recipes import RECIPES
+from gputui.config.run import RunSettings
+from gputui.config.profile import load_profile, parse_profile
+from gputui.config.recipes import RECIPES
 
 
 def write(tmp_path: Path, text: str) -> Path:

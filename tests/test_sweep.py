@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gputui import cli
-from gputui.profiles import load_profile
+from gputui.config.profile import load_profile
 from tests.proc_support import Child, wait_until
 
 WAIT = 240  # s: a whole sweep of a dozen tiny trials on a slow, busy 2-core machine

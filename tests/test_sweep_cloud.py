@@ -13,7 +13,7 @@ from gputui.cloud.ledger import Ledger
 from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.manager import SlaveManager
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.cloud import ENDED_STATES, InstanceInfo
 from gputui.sweep import scheduler as sched
 from gputui.sweep import study as studies

@@ -157,7 +157,7 @@ def _no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_gpu_host_gets_trials_per_gpu_workers_on_each_of_its_gpus(sshd_factory: Any, gputui_home: Path,
                                                                      tmp_path: Path) -> None:
     from gputui.cluster.sshnode import SlaveConnection
-    from gputui.hosts import HostSpec
+    from gputui.config.hosts import HostSpec
     from gputui.sweep.remote import RemoteHost, host_slots, remote_gpu_count
 
     server = sshd_factory("r535-a100x8")  # nvidia-smi there answers for eight A100s

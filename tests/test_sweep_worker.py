@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui.profiles import RunSettings
+from gputui.config.run import RunSettings
 from tests.proc_support import Child
 
 WAIT = 120  # s: a worker's start (torch, the data) on a slow, busy machine, and a trial or two

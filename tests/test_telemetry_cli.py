@@ -14,7 +14,7 @@ import pytest
 
 from gputui.cli import main
 from gputui.errors import UserError
-from gputui.hosts import parse_host_arg
+from gputui.sources.hostspecs import parse_host_arg
 from gputui.model.telemetry import THROTTLE_CODES, GpuProcess, GpuSample, HostSnapshot, HostState
 from tests.conftest import json_lines, run_cli
 from tests.sshd_fixture import Sshd, SshdFactory, free_port, sshd_factory  # noqa: F401

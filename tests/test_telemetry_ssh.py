@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
 from gputui.sources.ssh import SshHost, SshSource

@@ -13,7 +13,7 @@ import pytest
 from gputui import bench, runner, runs
 from gputui.bench import BenchRow
 from gputui.cli import main
-from gputui.profiles import RunSettings
+from gputui.config.run import RunSettings
 from gputui.sweep.space import default_threads
 from gputui.train import threads
 from gputui.train.threads import CpuView, Sample, choose_threads

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from gputui import runs
 from gputui.cli import main
 from gputui.errors import UserError
-from gputui.profiles import RunSettings, parse_profile
+from gputui.config.run import RunSettings
+from gputui.config.profile import parse_profile
 from gputui.train import checkpoint, loop, nets
 from gputui.train.data import load_dataset
 from gputui.train.loop import StopFlag, Trainer, epoch_permutation, to_device

@@ -21,7 +21,7 @@ import pytest
 from gputui import history, runs, summaries
 from gputui.cli import main
 from gputui.cluster import procs
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.lines import LineSplitter
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions

@@ -92,7 +92,7 @@ def policy_config(known_hosts: Sequence[Path] | None = None, identity: Path | No
 
 
 def _check_jump(proxy_jump: str) -> str:
-    from gputui.hosts import parse_proxy_jump
+    from gputui.config.hosts import parse_proxy_jump
 
     try:
         parse_proxy_jump(proxy_jump)

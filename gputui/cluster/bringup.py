@@ -21,7 +21,7 @@ from gputui.cluster.context import CLOUD_SSH_WAIT_S, RunContext
 from gputui.cluster.members import Node
 from gputui.cluster.sshnode import SlaveConnection, quote_path
 from gputui.errors import GputuiError, UserError
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.paths import bundled_mnist
 from gputui.units import plural
 

@@ -19,7 +19,7 @@ from gputui.cluster.output import Output
 from gputui.cluster.procs import Item
 from gputui.cluster.settings import ClusterSettings
 from gputui.cluster.stopping import StopRequests
-from gputui.profiles import RunConfig
+from gputui.config.run import RunConfig
 
 CLOUD_SSH_WAIT_S = 300.0  # how long a booting cloud slave may take to answer SSH
 

@@ -32,7 +32,7 @@ from gputui.cluster.stopping import Reporter, StopRequests, Stopped
 from gputui.cluster.teardown import report_stop, teardown
 from gputui.console import View
 from gputui.errors import UserError
-from gputui.profiles import RunConfig
+from gputui.config.run import RunConfig
 
 
 class ClusterRun:

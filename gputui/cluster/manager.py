@@ -25,7 +25,7 @@ from gputui.cloud.context import CloudContext
 from gputui.cluster.settings import ClusterSettings
 from gputui.cluster.store import ClusterStore
 from gputui.errors import GputuiError
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.cloud import ENDED_STATES, InstanceInfo
 from gputui.units import plural
 

@@ -17,7 +17,7 @@ from gputui.cluster.bootstrap import Bootstrapped
 from gputui.cluster.procs import NodeProc
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.cluster.tunnel import ReverseForward
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.supervisor import GRACE_S
 
 STOP_GRACE_S = GRACE_S  # what each node's supervisor gives its tree (longer than torchrun's own)

@@ -13,7 +13,7 @@ from gputui.config.cluster import (  # noqa: F401 - re-exported: the table is de
 from gputui.config.profile import Profile, load_profile
 from gputui.config.schema import Source
 from gputui.errors import UserError
-from gputui.hosts import hosts_from_profile
+from gputui.sources.hostspecs import hosts_from_profile
 
 
 def cluster_settings(profile: "Profile") -> ClusterSettings | None:

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gputui.errors import GputuiError, UserError
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
 from gputui.sources.ssh import CommandTimeout, SshHost

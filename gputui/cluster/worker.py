@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the checkpoint to resume from, named by the master (without it: step 0)")
     args = parser.parse_args(argv)
 
-    from gputui.profiles import load_profile
+    from gputui.config.profile import load_profile
     from gputui.train import checkpoint
     from gputui.train.data import load_dataset
     from gputui.train.distributed import error_event, init_rank, leave_group

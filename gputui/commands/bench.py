@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from gputui.bench import busy_note, run_bench, store_rows, table
     from gputui.errors import UserError
-    from gputui.train.recipes import MODEL_NAMES
+    from gputui.config.recipes import MODEL_NAMES
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODEL_NAMES]

@@ -199,7 +199,7 @@ class _Watchers:
             self.run = RunWatch(find_run(args.run))
         if args.profile is not None and not (getattr(args, "sim", None) or getattr(args, "replay", None)):
             from gputui.alerts import AlertEngine, Notifier, alert_settings
-            from gputui.profiles import load_profile
+            from gputui.config.profile import load_profile
             from gputui.watches import cloud_watch
 
             profile = load_profile(args.profile)

@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from gputui.errors import UserError
-    from gputui.profiles import DEVICE_RE
+    from gputui.config.run import DEVICE_RE
 
     if not DEVICE_RE.match(args.device):
         raise UserError(f"--device {args.device}: expected auto, cpu, mps, cuda or cuda:N")

@@ -1,6 +1,6 @@
 """The `[[hosts]]` profile tables: remote GPU hosts reached over SSH, and OpenSSH's ProxyJump syntax.
 
-Declared once, as `HostSpec`; gputui.hosts resolves a profile's tables into HostSpecs.
+Declared once, as `HostSpec`; gputui.sources.hostspecs resolves a profile's tables into HostSpecs.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def run_ended(facts: RunFacts) -> RunFacts:
 def load_alerts(profile_path: Any, report: Callable[[str], None]) -> DashboardAlerts | None:
     """The profile's `[alerts]`, or None without the table."""
     from gputui.alerts import alert_settings
-    from gputui.profiles import load_profile
+    from gputui.config.profile import load_profile
 
     settings = alert_settings(load_profile(profile_path))
     return None if settings is None else DashboardAlerts(settings, report)

@@ -52,7 +52,7 @@ class DashboardOptions:
 
 def resolve_profile(path: Path | None) -> Path:
     """The profile to open (default: profiles/local.toml), checked now: a bad one is exit 2."""
-    from gputui.profiles import load_profile
+    from gputui.config.profile import load_profile
 
     if path is None:
         path = profiles_dir() / "local.toml"
@@ -138,7 +138,7 @@ class Backend:
     def cloud_settings(self) -> Any:
         """The [cloud] settings, or None when the profile has none (and this is no demo)."""
         from gputui.cloud.settings import CloudSettings, load_cloud_settings
-        from gputui.profiles import load_profile
+        from gputui.config.profile import load_profile
 
         has_cloud = "cloud" in load_profile(self.profile).tables
         if not has_cloud and not self.options.demo:

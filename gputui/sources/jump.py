@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui.hosts import Hop, HostSpec, parse_proxy_jump
+from gputui.config.hosts import Hop, HostSpec, parse_proxy_jump
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import Failure, HostKeyPolicy, SshOptions, classify
 from gputui.sources.target import Target

@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from gputui.hosts import HostSpec
+from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostSnapshot, HostState
 from gputui.sources.host import cpu_percent
 from gputui.sources import jump

@@ -286,7 +286,7 @@ class SSHHandle:
 
     def _localise(self, message: dict[str, Any]) -> dict[str, Any]:
         """A trial message as the host sees it: its run directory, its copy of the data set."""
-        from gputui.profiles import parse_profile
+        from gputui.config.profile import parse_profile
 
         number = protocol.integer(message.get("trial")) or 0
         out = dict(message)
@@ -390,7 +390,7 @@ def remote_slots(profile: Any, spec: Any) -> list[RemoteSlot]:
     A host that cannot be reached or bootstrapped stops the sweep before it starts (one line)."""
     from gputui.cluster.bringup import in_parallel
     from gputui.cluster.sshnode import SlaveConnection
-    from gputui.hosts import hosts_from_profile
+    from gputui.sources.hostspecs import hosts_from_profile
 
     specs = hosts_from_profile(profile)
     if not specs:

@@ -283,7 +283,7 @@ class Scheduler:
         return True
 
     def _ask(self) -> Trial:
-        from gputui.profiles import RunSettings
+        from gputui.config.run import RunSettings
 
         handle = self.study.ask()
         params = suggest(handle, self.spec.space)

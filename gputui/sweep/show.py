@@ -109,7 +109,7 @@ def write_best_profile(name: str, target: Path | None) -> Path:
     """The best trial's run profile, as `gputui run --profile` reads it; the file written."""
     from dataclasses import replace
 
-    from gputui.profiles import RunSettings
+    from gputui.config.run import RunSettings
 
     study, profile, spec = studies.load(name, "sweep show")
     winner = best(study)

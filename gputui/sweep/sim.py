@@ -50,7 +50,7 @@ class SimHandle:
     def _trial(self, message: dict[str, Any]) -> None:
         number = int(message["trial"])
         self.slot.seen.append((number, int(message.get("attempt", 1))))
-        from gputui.profiles import parse_profile
+        from gputui.config.profile import parse_profile
 
         run = parse_profile(str(message["profile"])).run
         params = {"lr": run.lr}

@@ -130,7 +130,7 @@ def create(spec: SweepSpec) -> Any:
 
 
 def load(name: str, what: str = "--resume") -> tuple[Any, Any, SweepSpec]:
-    """An existing study, its profile (gputui.profiles.Profile) and spec, as recorded at its start."""
+    """An existing study, its profile (gputui.config.profile.Profile) and spec, as recorded at its start."""
     if not storage_path().is_file():
         raise UserError(f"{what} {name}: no sweeps yet ({storage_path()} does not exist); start one with "
                         "`gputui sweep PROFILE`")

@@ -129,7 +129,7 @@ class Worker:
     def run_trial(self, message: dict[str, Any]) -> None:
         from gputui import runs
         from gputui.errors import GputuiError
-        from gputui.profiles import parse_profile
+        from gputui.config.profile import parse_profile
         from gputui.cloud.heartbeat import beat
         from gputui.train.loop import Diverged, StopFlag, Trainer
         from gputui.train.meter import eval_points
@@ -195,7 +195,7 @@ class Worker:
 
 
 def _device_only(device: Any) -> Any:
-    from gputui.profiles import RunSettings
+    from gputui.config.run import RunSettings
 
     return RunSettings(device=str(device), strategy="single")
 

@@ -235,7 +235,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
 
-    from gputui.profiles import load_profile
+    from gputui.config.profile import load_profile
     from gputui.runs import EventLog, encode
     from gputui.train.data import load_dataset
     from gputui.train.loop import Dist, StopFlag, Trainer

@@ -27,7 +27,7 @@ from torch import nn
 
 from gputui import events
 from gputui.errors import GputuiError, UserError
-from gputui.profiles import RunConfig
+from gputui.config.run import RunConfig
 from gputui.runs import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset

@@ -76,7 +76,7 @@ BUILDERS: dict[str, Callable[[tuple[int, int], int], nn.Module]] = {
 
 
 def build(name: str, image_shape: tuple[int, int], num_classes: int) -> nn.Module:
-    """A fresh network by name (see gputui.train.recipes for the names)."""
+    """A fresh network by name (see gputui.config.recipes for the names)."""
     return BUILDERS[name](image_shape, num_classes)
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gputui.profiles import RunConfig
+from gputui.config.run import RunConfig
 from gputui.train import nets
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

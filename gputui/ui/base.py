@@ -154,7 +154,7 @@ class DashboardBase(App[None]):
 
     def ui_confirm(self) -> bool:
         """The profile's [ui] confirm: u and d ask first (read again when the profile changes)."""
-        from gputui.profiles import load_profile
+        from gputui.config.profile import load_profile
 
         profile = self.backend.profile
         if self._confirm is None or self._confirm[0] != profile:

@@ -1,4 +1,6 @@
-"""Remote GPU hosts ("slaves") reached over SSH: the `[[hosts]]` profile tables and `--host`.
+"""Remote GPU hosts ("slaves") reached over SSH: a profile's `[[hosts]]` tables and `--host`, resolved.
+
+The table itself is declared in gputui.config.hosts; this module reads it out of a profile.
 
 ```toml
 [[hosts]]
@@ -21,8 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from gputui.config.hosts import (  # noqa: F401 - re-exported: the table is declared in gputui.config.hosts
-    HOSTS_SECTION, USER_NAME, Hop, HostSpec, check_jump, parse_proxy_jump)
+from gputui.config.hosts import USER_NAME, HostSpec
 from gputui.errors import UserError
 
 if TYPE_CHECKING:
