@@ -33,7 +33,7 @@ from gputui.cluster.bootstrap import Bootstrapper, local_dataset  # noqa: E402
 from gputui.cluster.sshnode import SlaveConnection  # noqa: E402
 from gputui.cluster.wheel import build_wheel  # noqa: E402
 from gputui.config.hosts import HostSpec  # noqa: E402
-from gputui.paths import bundled_mnist  # noqa: E402
+from gputui.model.paths import bundled_mnist  # noqa: E402
 from tests.cluster_fixture import ClusterNodes, cluster_profile, trust  # noqa: E402
 
 ALLREDUCE = r"""

@@ -11,7 +11,7 @@ threads) over the window, after a warm-up, as a percentage of one core.
    profile as any `gputui run` is (a run directory with run.pid naming its process and
    the profile, and events.jsonl) and appends 1,000 events/s to its events.jsonl: step
    events with a falling loss, an eval every 250 events, an epoch every 1,000 steps (events
-   built with gputui.events.make, so they are what a run writes). The dashboard is told
+   built with gputui.model.events.make, so they are what a run writes). The dashboard is told
    `t`: a live run of its profile exists, so it attaches to it and follows its events file,
    the way it follows any run on this machine.
 
@@ -57,7 +57,7 @@ SIZE = (120, 40)
 def feed(rate: float, profile: Path) -> int:
     """Be a live run of `profile` under GPUTUI_HOME that appends `rate` events/s until SIGTERM."""
     from gputui import runs
-    from gputui.events import make
+    from gputui.model.events import make
 
     stop = False
 

@@ -54,9 +54,9 @@ MODULES: dict[str, tuple[str, ...] | None] = {
     # the run resolver (`find`) and the one events reader (read_events, iter_events, EventLines,
     # parse_event) already; here: the event builder, the "number from outside" parser, the
     # plural helper, and the sweep's trial states (counted / requeued, as `sweep show` names them).
-    "gputui/events.py": None,
+    "gputui/model/events.py": None,
     "gputui/model/outside.py": None,
-    "gputui/units.py": ("plural",),
+    "gputui/model/units.py": ("plural",),
     "gputui/sweep/study.py": ("counted", "requeue_running"),
     "gputui/sweep/reader.py": ("state_name", "best_so_far"),
     "gputui/sweep/show.py": ("trial_rows",),

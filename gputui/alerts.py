@@ -36,12 +36,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.redact import scrub_url, url_host
 from gputui.config.alerts import ALERTS_SECTION, AlertSettings  # noqa: F401 - re-exported: declared there
 from gputui.model.telemetry import HostSnapshot, throttle_text
 from gputui.model.text import clean
-from gputui.paths import user_umask
+from gputui.model.paths import user_umask
 
 CLEAR_MARGIN = 2.0  # degrees C / percentage points below the threshold before a reading clears
 # A process that is a gputui training run (the trainer, its DDP workers, a cluster's torchrun).

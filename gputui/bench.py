@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gputui.console import CollectView
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.train.threads import busy_between, take_sample
-from gputui.units import plural
+from gputui.model.units import plural
 
 FULL_EPOCH = 60000  # images in one epoch of MNIST: what "s/epoch" is quoted for
 TEST_IMAGES = 200

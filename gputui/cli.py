@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gputui import __version__
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 
 # Subcommands that live in their own modules under gputui/commands/: each module has
 # `register(subparsers)`, which adds its parser and sets `handler`, and imports nothing
@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run(request, view)
     except GputuiError as exc:
         if isinstance(view, JsonView) and not view.said_error:  # bad input: scripts read the reason on stdout too
-            from gputui import events
+            from gputui.model import events
 
             view.show(events.make("error", message=str(exc), exit_code=exc.exit_code))
         raise
@@ -131,7 +131,7 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gputui import paths
+    from gputui.model import paths
 
     # Everything gputui and its children create is this account's alone (0700/0600): one umask
     # covers every module and library that writes (torch, SQLite, loggers) and the processes it

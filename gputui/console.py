@@ -10,8 +10,8 @@ import os
 import sys
 from typing import Any, Protocol
 
-from gputui import units
-from gputui.events import typed
+from gputui.model import units
+from gputui.model.events import typed
 from gputui.model.text import clean
 from gputui.runs import encode
 
@@ -49,7 +49,7 @@ class CollectView:
 class JsonView:
     """`--json`: exactly one JSON line per event on stdout, nothing else there. Events are
     written as they came (relayed text included, escaped); a relayed number that is not
-    finite is written as null (gputui.events.typed), never as a line that is not JSON."""
+    finite is written as null (gputui.model.events.typed), never as a line that is not JSON."""
 
     def __init__(self) -> None:
         self.said_error = False  # an `error` event went out (bad input before the run says its own)

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TextIO
 
-from gputui import runs, units
-from gputui.errors import UserError
+from gputui import runs
+from gputui.model import units
+from gputui.model.errors import UserError
 from gputui.model.outside import number as _num  # a finite float or None: an event file is data
 
 X_AXES = ("step", "epoch", "samples", "time")

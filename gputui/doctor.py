@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.model.text import clean
-from gputui.units import plural
+from gputui.model.units import plural
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 MIN_PYTHON = (3, 10)

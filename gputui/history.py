@@ -2,7 +2,7 @@
 
 No UI and no torch: `gputui runs` prints these records and the dashboard's runs screen can show
 the same ones. Everything read from a run directory (events, profile) is data: numbers go through
-`gputui.events.typed`, text is kept as it is (the views clean it and never treat it as markup).
+`gputui.model.events.typed`, text is kept as it is (the views clean it and never treat it as markup).
 
 States: `done`, `interrupted` and `failed` come from the run's last word (its done, interrupted
 or error event, or the cost ledger's record of a failure); a run that has not ended is `running`
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
 
 from gputui import runs, summaries
-from gputui.errors import GputuiError, UserError
-from gputui.events import typed
+from gputui.model.errors import GputuiError, UserError
+from gputui.model.events import typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
-from gputui.paths import runs_home, user_opener
+from gputui.model.paths import runs_home, user_opener
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -183,9 +183,9 @@ COLUMNS = ("id", "started", "model", "device", "strategy", "epochs", "best acc",
 
 
 def cells(s: RunSummary) -> list[str]:
-    """A summary as the cells of COLUMNS, formatted by gputui.units (`gputui runs` and the
+    """A summary as the cells of COLUMNS, formatted by gputui.model.units (`gputui runs` and the
     dashboard's runs screen show the same). The text is data: the views show it as Text."""
-    from gputui import units
+    from gputui.model import units
 
     started = units.NA if s.started is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started))
     strategy = s.strategy or units.NA

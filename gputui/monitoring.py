@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.sources.hostspecs import check_unique, hosts_from_profile, parse_host_arg
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostSnapshot

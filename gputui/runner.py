@@ -19,12 +19,12 @@ from typing import Any, Callable
 from gputui import runs
 from gputui.cluster.settings import cluster_profile, remember_cluster
 from gputui.console import View
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.history import completed_epochs
-from gputui.paths import profiles_dir, runs_home
+from gputui.model.paths import profiles_dir, runs_home
 from gputui.config.run import RunConfig, RunSettings
 from gputui.config.profile import load_profile
-from gputui.units import plural
+from gputui.model.units import plural
 
 # Settings a resumed run may change; the others would break the checkpoint or its schedule.
 RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch", "cuda_graph"}
@@ -242,7 +242,7 @@ class _stop_on_signals:
         self.stop.set(signal.Signals(signum).name)
 
     def __enter__(self) -> "_stop_on_signals":
-        from gputui.supervisor import STOP_SIGNALS
+        from gputui.model.supervisor import STOP_SIGNALS
 
         for sig in STOP_SIGNALS:
             self.previous[sig] = signal.signal(sig, self._handle)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
-from gputui.paths import private_dir, private_opener, runs_home
+from gputui.model.paths import private_dir, private_opener, runs_home
 
 PROFILE = "profile.toml"
 EVENTS = "events.jsonl"

@@ -9,7 +9,7 @@ modification time. A later listing of a run that has not changed reads only that
 that has grown since (it is still going) is folded on from where the last one stopped.
 
 Everything in an events file or a summary.json is data: numbers go through
-`gputui.events.typed`, a summary.json that is not what this module writes is ignored.
+`gputui.model.events.typed`, a summary.json that is not what this module writes is ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gputui import runs
-from gputui.events import ENDS, typed
+from gputui.model.events import ENDS, typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
 
 SUMMARY = "summary.json"

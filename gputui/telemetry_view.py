@@ -1,7 +1,7 @@
 """Rich tables of host snapshots for `gputui monitor` (the dashboard draws its own).
 
 Names, states and messages come from remote hosts: every cell is a `Text`, never markup,
-cleaned of control characters. Numbers are formatted by `gputui.units` and always carry
+cleaned of control characters. Numbers are formatted by `gputui.model.units` and always carry
 their unit ("57/400 W", "36°C", "1.1/80 GiB").
 
 The table fits the width it is drawn at without cutting a value: each column is as wide as
@@ -30,7 +30,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from gputui import units
+from gputui.model import units
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, throttle_text
 from gputui.model.text import MAX_CHARS, clean
 from gputui.processes import ProcessRow

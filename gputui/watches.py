@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gputui.alerts import CloudFacts, RunFacts
-from gputui.errors import UserError
-from gputui.events import ENDS
+from gputui.model.errors import UserError
+from gputui.model.events import ENDS
 from gputui.model.outside import Refused, number, parse_object
 from gputui.model.text import clean
 
@@ -157,7 +157,7 @@ class CloudWatch:
 
     def poll(self) -> CloudFacts:
         from gputui.cloud.ledger import Ledger
-        from gputui.errors import GputuiError
+        from gputui.model.errors import GputuiError
         from gputui.cloud import costs
 
         now = self.clock()

@@ -16,7 +16,7 @@ import pytest
 
 from gputui.alerts import ALERTS_SECTION, AlertEngine, AlertSettings, CloudFacts, Notifier, RunFacts, alert_settings
 from gputui.cli import main
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
 from gputui.watches import RunWatch, find_run
 from tests.conftest import json_lines

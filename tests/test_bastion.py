@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from gputui.cloud.remote import ssh_checkpointer
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.config.hosts import HostSpec
 from gputui.model.cloud import InstanceRecord
 from gputui.model.telemetry import HostState

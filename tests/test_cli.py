@@ -30,7 +30,7 @@ def cuda_beyond(count: int) -> tuple[str, str]:
     spec = f"cuda:{max(count, 3)}"
     if count == 0:
         return spec, f"--device {spec}: no CUDA device is available"
-    from gputui.units import plural
+    from gputui.model.units import plural
 
     return spec, f"--device {spec}: only {plural(count, 'CUDA device')} visible (cuda:0..cuda:{count - 1})"
 

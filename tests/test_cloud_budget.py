@@ -18,7 +18,7 @@ from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.settings import CloudSettings
 from gputui.cloud.sim import SimProvider, SimScript
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord
 
 from .moto_fixture import public_key_line

@@ -16,7 +16,7 @@ from gputui.cloud.lifecycle import terminate
 from gputui.cloud.provider import parse_console_host_keys
 from gputui.cloud.sim import SimScript
 from gputui.cluster.manager import CloudSlave, SlaveManager
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 
 from .sshd_fixture import SSHD, Sshd, SshdFactory, keygen
 from .test_cluster_manager import manager

@@ -239,7 +239,7 @@ def test_provider_lists_zones_and_resolves_ssm(aws: Aws) -> None:
     assert f"{REGION}a" in provider.zones()
     assert provider.resolve_image("ami-0123456789abcdef0") == "ami-0123456789abcdef0"
     assert provider.resolve_image("ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64").startswith("ami-")
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     with pytest.raises(UserError, match="no such SSM parameter"):
         provider.resolve_image("ssm:/no/such/parameter")
@@ -295,7 +295,7 @@ def test_without_an_endpoint_nothing_leaves_the_machine(aws: Aws, monkeypatch: p
     """The fixture's guard: a client that is not pointed at moto fails fast instead of calling AWS."""
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    from gputui.errors import GputuiError
+    from gputui.model.errors import GputuiError
 
     with pytest.raises(GputuiError, match="cannot reach AWS"):
         Ec2Provider(REGION).zones()

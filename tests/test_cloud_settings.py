@@ -12,8 +12,8 @@ from gputui.cloud.provider import check_cluster_name
 from gputui.cloud.factory import make_provider
 from gputui.cloud.settings import CLOUD_SECTION, load_cloud_settings
 from gputui.cloud.sim import SimProvider
-from gputui.errors import UserError
-from gputui.paths import profiles_dir
+from gputui.model.errors import UserError
+from gputui.model.paths import profiles_dir
 
 from .moto_fixture import public_key_line
 

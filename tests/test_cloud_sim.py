@@ -23,7 +23,7 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cloud import waiting
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.cluster.stopping import Stopped
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.config.hosts import HostSpec
 from gputui.model.cloud import CloudEvent
 

@@ -17,7 +17,7 @@ from gputui.cloud.ledger import Ledger
 from gputui.cloud.lifecycle import key_pair_name, launch, plan_launch
 from gputui.cloud.context import CloudContext
 from gputui.cloud.settings import CloudSettings
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.cloud import LaunchAttempt
 
 from .moto_fixture import DEAD_PROXY, DUMMY_KEY_ID, DUMMY_SECRET, public_key_line

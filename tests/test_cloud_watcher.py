@@ -18,7 +18,7 @@ import pytest
 
 from gputui.cloud import watcher
 from gputui.cloud.remote import REMOTE_CHECKPOINT, ssh_checkpointer, ssh_command
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
 
 from .proc_support import wait_until

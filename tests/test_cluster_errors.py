@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gputui.cluster.settings import cluster_settings
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.config.profile import parse_profile
 
 from .cluster_fixture import (  # noqa: F401 - fixtures

@@ -13,7 +13,7 @@ from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.manager import SlaveManager
 from gputui.cluster.settings import ClusterSettings, cluster_settings
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.config.profile import parse_profile
 
 from .moto_fixture import public_key_line

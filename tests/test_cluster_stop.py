@@ -26,7 +26,7 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.launch import ClusterRun
 from gputui.cluster.manager import SlaveManager
 from gputui.cluster.settings import cluster_settings
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.config.run import RunSettings
 from gputui.config.profile import parse_profile
 

@@ -25,7 +25,7 @@ from gputui.config.sweep import SPACE_KEYS, SweepSpec
 PACKAGE = Path(__file__).resolve().parents[1] / "gputui"
 CONFIG = PACKAGE / "config"
 # What gputui/config may import of gputui besides itself: the ground floor.
-GROUND = ("gputui.errors", "gputui.model")
+GROUND = ("gputui.model.errors", "gputui.model")
 
 
 def _modules(root: Path) -> list[Path]:

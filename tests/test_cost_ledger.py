@@ -17,7 +17,7 @@ from gputui.cli import main
 from gputui.cloud.costs import report
 from gputui.cloud.energy import EnergyMeter
 from gputui.cloud.ledger import SCHEMA_VERSION, Ledger, default_path
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.cloud import CloudEvent, InstanceInfo, energy_kwh
 
 HOUR = 3600.0

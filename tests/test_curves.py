@@ -18,7 +18,7 @@ from gputui import history
 from gputui.curves import (Curves, ema, linear_ticks, load_run, log_ticks, read_csv, thin, time_ticks, x_label,
                            xy)
 from gputui.history import CSV_NAME, export_csv
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.ui.curve_actions import CurveActions
 from gputui.ui.curves import REDRAW_S, CurvePlot, CurvesPanel
 

@@ -9,7 +9,7 @@ import pytest
 from textual.message import Message
 
 from gputui.cloud.ledger import Ledger
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.ui.app import create_app
 from gputui.ui.bindings import KEYS
 from gputui.ui.cost_panel import SlavesTable

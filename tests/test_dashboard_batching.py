@@ -13,7 +13,7 @@ from textual.message import Message
 
 from gputui import runs
 from gputui.dashboard.follow import Follower
-from gputui.events import make
+from gputui.model.events import make
 from gputui.ui.messages import TrainingLine, TrainingUpdate
 from gputui.ui.training_actions import TrainingActions, post_events
 

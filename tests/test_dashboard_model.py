@@ -20,11 +20,11 @@ from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.setup import Backend, DashboardOptions, demo_public_key, resolve_profile
 from gputui.dashboard.slaves import BudgetRefusal, SlaveControl
 from gputui.dashboard.training import TrainingState, event_line
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.telemetry import HostState
 from gputui.sources.sim import SimSource
 from gputui.ui.draw import bar, sparkline
-from gputui.units import duration
+from gputui.model.units import duration
 from tests.conftest import REPO
 
 EVENTS = [json.loads(line) for line in (REPO / "tests" / "data" / "seed_run_events.jsonl").read_text().splitlines()]

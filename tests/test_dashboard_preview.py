@@ -13,7 +13,7 @@ from gputui.ui.app import create_app
 from gputui.ui.cost_panel import CostPreview, SlavesTable
 from gputui.ui.hosts_panel import HostsView
 from gputui.ui.screens import ChoiceScreen, HelpScreen
-from gputui.units import per_hour
+from gputui.model.units import per_hour
 from tests.dashboard_support import drive, make_backend, screen_text, sim_provider, wait_for
 
 PROFILE = '[cloud]\nbudget_usd = 2.0\ninstance_type = "g4dn.xlarge"\n'

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from textual.message import Message
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.context import CloudContext
 from gputui.dashboard import child as child_module
@@ -23,7 +23,7 @@ from gputui.dashboard.child import CLUSTER_STOP_S, LOCAL_STOP_S, TrainingChild
 from gputui.dashboard.hosts import ENERGY_FLUSH_S
 from gputui.dashboard.setup import Backend
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
-from gputui.supervisor import GRACE_S
+from gputui.model.supervisor import GRACE_S
 from gputui.ui.app import create_app
 from gputui.ui.cost_panel import SlavesTable
 from gputui.ui.events_panel import EventsLog

@@ -26,7 +26,7 @@ from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView
 from gputui.ui.screens import HelpScreen
 from gputui.ui.training_actions import post_events
-from gputui.units import duration
+from gputui.model.units import duration
 from tests.dashboard_support import (Clock, RecordedSource, drive, h100_events, make_backend, screen_diff, screen_text,
                                      settled, sim_provider, wait_for)
 

@@ -21,7 +21,7 @@ from gputui import runs
 from gputui.curves import MAX_POINTS, Curves, SeriesCache, ema, xy
 from gputui.dashboard.follow import Follower
 from gputui.dashboard.training import TrainingState
-from gputui.events import finite, make, typed
+from gputui.model.events import finite, make, typed
 from gputui.ui.events_panel import EventsLog
 from gputui.watches import RunFacts, fold, fold_all
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gputui.errors import UserError
-from gputui.paths import bundled_mnist
+from gputui.model.errors import UserError
+from gputui.model.paths import bundled_mnist
 from gputui.train import data as data_mod
 from gputui.train.data import STEMS, load_dataset, parse_idx
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.train.devices import resolve_device
 
 

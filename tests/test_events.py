@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from gputui import events
+from gputui.model import events
 from gputui.dashboard.training import TrainingState, event_line
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.train.distributed import error_event
 from gputui.train.loop import Diverged
 

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputui.alerts import AlertEngine, AlertSettings, CloudFacts, RunFacts
 from gputui.cli import main
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.exporter import ExportState, Server, parse_listen, scrape_text
 from gputui.model.telemetry import THROTTLE_CODES, GpuSample, HostSnapshot, HostState
 from gputui.sources.sim import SimSource

@@ -14,7 +14,7 @@ from gputui.cloud.costs import report
 from gputui.cloud.ledger import SCHEMA_VERSION, Ledger, default_path
 from gputui.history import ledger_view
 from gputui.model.cloud import InstanceInfo
-from gputui.paths import runs_home
+from gputui.model.paths import runs_home
 
 T = 1_800_000_000.0
 

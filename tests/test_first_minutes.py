@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gputui import doctor, units
+from gputui import doctor
+from gputui.model import units
 from gputui.cli import main
 from gputui.doctor import Check
 

@@ -30,7 +30,7 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster.bootstrap import Bootstrapped
 from gputui.cluster.manager import default_host_spec
 from gputui.cluster.settings import cluster_settings
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import InstanceInfo, InstanceRecord
 from gputui.config.profile import parse_profile
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from gputui.cluster.sshnode import SlaveConnection
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.config.hosts import HostSpec
 
 from .cluster_fixture import ClusterNodes, cluster_nodes, trust  # noqa: F401

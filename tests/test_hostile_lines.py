@@ -144,7 +144,7 @@ def test_an_eval_index_of_2_63_never_reaches_the_study(tmp_path: Path) -> None:
 # -- the cluster relay ---------------------------------------------------------------------------
 
 def relay_of() -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
-    from gputui import events
+    from gputui.model import events
     from gputui.cluster.relay import Relay
 
     written: list[dict[str, Any]] = []

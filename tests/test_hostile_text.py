@@ -28,7 +28,7 @@ from gputui.commands.cloud_view import print_table, say
 from gputui.console import JsonView, ProgressView
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.cost import CostFrame, SlaveLine
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.cloud import BudgetStatus, CloudEvent
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
 from gputui.model.text import MAX_CHARS, clean, clean_tree

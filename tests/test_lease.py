@@ -29,7 +29,7 @@ from gputui.cloud.settings import CloudSettings, load_cloud_settings
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cloud.watcher import alive
 from gputui.model.cloud import InstanceInfo
-from gputui.paths import data_home
+from gputui.model.paths import data_home
 
 from .conftest import cli_env
 from .moto_fixture import (DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, REGION, Aws, aws,  # noqa: F401
@@ -323,7 +323,7 @@ def test_budget_with_the_master_gone_overspends_at_most_one_renewal_interval(
 
 
 def test_lease_settings_default_and_renewal_must_be_shorter_than_the_lease(tmp_path: Path) -> None:
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     key = tmp_path / "id.pub"
     key.write_text(public_key_line() + "\n")

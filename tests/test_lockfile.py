@@ -1,4 +1,4 @@
-"""gputui.lockfile: one holder at a time, a private file, and a refusal that names the holder."""
+"""gputui.model.lockfile: one holder at a time, a private file, and a refusal that names the holder."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from gputui.lockfile import exclusive
+from gputui.model.lockfile import exclusive
 
 
 def test_a_second_taker_is_refused_and_told_the_holders_pid(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gputui.cluster.worker import EVENT_TAG, emit_line
-from gputui.errors import GputuiError, UserError
-from gputui.paths import runs_home
+from gputui.model.errors import GputuiError, UserError
+from gputui.model.paths import runs_home
 from gputui.runs import EventLog, RunDir, create, encode, find, new_run_id, read_events
 from gputui.train.distributed import error_event
 

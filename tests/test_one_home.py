@@ -178,7 +178,7 @@ def test_only_the_study_module_opens_optuna_storage() -> None:
         "\n".join(found)
 
 
-# One display format per unit (gputui.units) ------------------------------------------------------
+# One display format per unit (gputui.model.units) ------------------------------------------------------
 
 FORMAT_NAMES = {"money", "per_hour", "price", "dollars", "duration", "span", "minutes", "ago", "_ago", "elapsed",
                 "hms", "clock"}
@@ -192,7 +192,7 @@ def _time_arithmetic(node: ast.AST) -> bool:
 
 
 def format_copies(rel: str, tree: ast.AST) -> list[str]:
-    """The display formats for money and durations in one module that are not gputui.units'."""
+    """The display formats for money and durations in one module that are not gputui.model.units'."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in FORMAT_NAMES and (
@@ -208,7 +208,7 @@ def format_copies(rel: str, tree: ast.AST) -> list[str]:
 
 
 def test_money_and_durations_are_formatted_by_units_alone() -> None:
-    found = [line for rel, tree in sources() if rel != "units.py" for line in format_copies(rel, tree)]
+    found = [line for rel, tree in sources() if rel != "model/units.py" for line in format_copies(rel, tree)]
     assert not found, ("format money with units.money / units.per_hour and a duration with units.duration "
                        "(styles short, clock, words) instead of a copy:\n" + "\n".join(found))
 

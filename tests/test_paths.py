@@ -7,7 +7,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from gputui import paths
+from gputui.model import paths
 from gputui.cloud import guardian, pricing
 from gputui.cluster import wheel
 

@@ -15,7 +15,8 @@ from typing import Iterator
 
 import pytest
 
-from gputui import cli, paths
+from gputui import cli
+from gputui.model import paths
 from gputui.alerts import AlertEngine, AlertSettings, Notifier
 from tests.cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, trust  # noqa: F401 - fixtures
 from tests.conftest import run_cli

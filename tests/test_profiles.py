@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gputui.errors import UserError
-from gputui.paths import profiles_dir
+from gputui.model.errors import UserError
+from gputui.model.paths import profiles_dir
 from gputui.config.run import RunSettings
 from gputui.config.profile import load_profile, parse_profile
 from gputui.config.recipes import RECIPES

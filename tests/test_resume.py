@@ -142,7 +142,7 @@ def test_corrupt_checkpoint_is_a_clear_error(small_data: Path, tmp_path: Path, d
 def test_full_disk_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from gputui.errors import GputuiError
+    from gputui.model.errors import GputuiError
     from gputui.train import checkpoint
 
     from .test_security import full_state

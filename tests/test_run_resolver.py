@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gputui import runs, watches
-from gputui.errors import UserError
-from gputui.paths import runs_home
+from gputui.model.errors import UserError
+from gputui.model.paths import runs_home
 
 from .conftest import REPO
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.train import checkpoint, nets
 
 from .conftest import REPO

@@ -14,7 +14,7 @@ import pytest
 from gputui.cloud.heartbeat import Heartbeat
 from gputui.cloud.remote import remote_checkpoint, ssh_command
 from gputui.cloud.settings import load_cloud_settings
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 
 
 def fake_venv(base: Path, log: Path) -> None:

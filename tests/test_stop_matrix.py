@@ -33,7 +33,7 @@ from typing import Iterator
 import psutil
 import pytest
 
-from gputui.supervisor import GRACE_ENV, GRACE_S
+from gputui.model.supervisor import GRACE_ENV, GRACE_S
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, trust,

@@ -14,7 +14,7 @@ from typing import Iterator
 import psutil
 import pytest
 
-from gputui.supervisor import Tree, become_subreaper
+from gputui.model.supervisor import Tree, become_subreaper
 
 from .proc_support import wait_until
 

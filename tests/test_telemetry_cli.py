@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gputui.cli import main
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.sources.hostspecs import parse_host_arg
 from gputui.model.telemetry import THROTTLE_CODES, GpuProcess, GpuSample, HostSnapshot, HostState
 from tests.conftest import json_lines, run_cli

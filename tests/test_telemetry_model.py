@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.telemetry import (
     GPU_METRICS,
     GpuProcess,

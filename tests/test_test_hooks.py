@@ -12,14 +12,14 @@ import sys
 
 import pytest
 
-from gputui.supervisor import GRACE_ENV, hook_seconds
+from gputui.model.supervisor import GRACE_ENV, hook_seconds
 
 from .conftest import REPO
 
 HOOKS = (GRACE_ENV, "GPUTUI_STEP_EVENT_INTERVAL", "GPUTUI_TEST_PAUSE_AT_STEP", "GPUTUI_TEST_NAN_AT_STEP")
 READ = """
 import json
-from gputui.supervisor import GRACE_S, TORCHRUN_SHUTDOWN_S
+from gputui.model.supervisor import GRACE_S, TORCHRUN_SHUTDOWN_S
 from gputui.cluster.members import STOP_GRACE_S
 from gputui.train import loop
 print(json.dumps({"grace": GRACE_S, "torchrun": TORCHRUN_SHUTDOWN_S, "stop_grace": STOP_GRACE_S,

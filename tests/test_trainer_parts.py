@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from gputui import runs
 from gputui.cli import main
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.config.run import RunSettings
 from gputui.config.profile import parse_profile
 from gputui.train import checkpoint, loop, nets

@@ -1,4 +1,4 @@
-"""gputui.units: the one set of display formats. A table of cases, with the edge of each rule."""
+"""gputui.model.units: the one set of display formats. A table of cases, with the edge of each rule."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gputui import units
-from gputui.units import NA
+from gputui.model import units
+from gputui.model.units import NA
 
 CASES = [
     # memory in MiB: MiB below 1 GiB, GiB with one decimal below 10 GiB, whole GiB above

@@ -13,7 +13,7 @@ import os
 import urllib.request
 from typing import Callable
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 
 CHECKIP_URL = "https://checkip.amazonaws.com/"
 ENV = "GPUTUI_SSH_CIDR"

@@ -11,16 +11,16 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.costs import cluster_spent, committed_cost
 from gputui.cloud.fleet import poll
 from gputui.cloud.lifecycle import terminate
 from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.redact import redact
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import BudgetStatus, CloudEvent, InstanceRecord
-from gputui.units import plural
+from gputui.model.units import plural
 
 Checkpointer = Callable[[Sequence[InstanceRecord]], None]
 

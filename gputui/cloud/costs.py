@@ -30,7 +30,7 @@ def report_clock() -> Callable[[], float]:
         return time.time
 
     def clock() -> float:
-        from gputui.errors import UserError
+        from gputui.model.errors import UserError
 
         try:
             return float(Path(path).read_text(encoding="ascii").strip())

@@ -21,7 +21,7 @@ from gputui.cloud.pricing import OnDemandBook, SourcedPrice, api_source
 from gputui.cloud.provider import QUOTA_ERRORS, ZONE_ERRORS, CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.cloud.redact import redact
 from gputui.cloud.userdata import user_data
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
 from gputui.model.cloud import InstanceInfo
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from gputui.cloud.provider import CloudProvider
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 
 
 def make_provider(kind: str | None, region: str) -> CloudProvider:
@@ -20,7 +20,7 @@ def make_provider(kind: str | None, region: str) -> CloudProvider:
         return Ec2Provider(region)
     if kind == "sim":
         from gputui.cloud.sim import SimProvider
-        from gputui.paths import data_home
+        from gputui.model.paths import data_home
 
         return SimProvider.from_env(region, data_home() / "cloud-sim.json")
     raise UserError(f"provider {kind!r}: expected 'ec2' or 'sim' (--provider or GPUTUI_CLOUD)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.lease import ended_how
 from gputui.cloud.context import CloudContext

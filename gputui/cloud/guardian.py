@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from gputui import lockfile
+from gputui.model import lockfile
 from gputui.cloud.context import CloudContext
-from gputui.paths import data_home, log_home, moved_once
+from gputui.model.paths import data_home, log_home, moved_once
 
 _DETACHED: list["subprocess.Popen[bytes]"] = []
 

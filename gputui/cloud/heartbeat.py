@@ -47,7 +47,7 @@ class Heartbeat:
     def write(self, seconds: int) -> None:
         """Replace the heartbeat with `seconds`, whole or not at all."""
         if self.path is None:
-            from gputui.paths import data_home
+            from gputui.model.paths import data_home
 
             self.path = data_home() / NAME
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.ledger import Ledger
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
-from gputui.units import plural
+from gputui.model.units import plural
 
 if TYPE_CHECKING:  # lifecycle is imported only when something must be terminated
     from gputui.cloud.context import CloudContext

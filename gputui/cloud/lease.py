@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from gputui.cloud.costs import cluster_spent
 from gputui.cloud.tags import SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LAUNCHED, TAG_LEASE, TAG_MAX, TAG_STALLED
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import InstanceInfo
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from typing import Any, Iterator, Sequence
 
 from gputui.cloud.pricing import SourcedPrice
 from gputui.cloud.redact import redact
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.cloud import CloudEvent, InstanceInfo, InstanceRecord, PricePoint
-from gputui.paths import data_home, private_db
+from gputui.model.paths import data_home, private_db
 
 SCHEMA_VERSION = 4
 SCHEMA = """

@@ -8,7 +8,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.address import Resolver, resolver_for, ssh_cidr
 from gputui.cloud.context import CloudContext
 from gputui.cloud.lease import launch_tags
@@ -16,9 +16,9 @@ from gputui.cloud.pricing import (ListPriceSource, launch_price, launch_rate, on
                                   resolve_on_demand)
 from gputui.cloud.provider import CapacityError, LaunchRequest, instance_tags
 from gputui.cloud.tags import TAG_MANAGED
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.cloud import ENDED_STATES, InstanceInfo, LaunchAttempt, PriceQuote
-from gputui.units import plural
+from gputui.model.units import plural
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ def launch_rate(quote: PriceQuote | None, lifecycle: str, max_price: float | Non
 
 def cache_home() -> Path:
     """gputui's cache directory (paths.cache_home: user_cache_dir, or GPUTUI_HOME/cache when set)."""
-    from gputui.paths import cache_home as home
+    from gputui.model.paths import cache_home as home
 
     return home()
 

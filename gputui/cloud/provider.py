@@ -18,7 +18,7 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from gputui.cloud.pricing import SourcedPrice
 from gputui.cloud.tags import TAG_CLUSTER, TAG_MANAGED, TAG_OWNER
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.cloud import InstanceInfo
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from gputui.cloud.budget import Checkpointer
 from gputui.cloud.settings import DEFAULT_REMOTE_DIR
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import InstanceRecord
 
 if TYPE_CHECKING:

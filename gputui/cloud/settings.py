@@ -10,8 +10,8 @@ from gputui.config.cloud import (  # noqa: F401 - re-exported: the table is decl
     CLOUD_SECTION, DEFAULT_IDLE_STOP_MINUTES, DEFAULT_REMOTE_DIR, DEFAULT_STALLED_MINUTES, CloudSettings)
 from gputui.config.profile import load_profile
 from gputui.config.schema import Source
-from gputui.errors import UserError
-from gputui.paths import profiles_dir
+from gputui.model.errors import UserError
+from gputui.model.paths import profiles_dir
 
 
 def default_cloud_profile() -> Path:

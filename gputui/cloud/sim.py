@@ -33,7 +33,7 @@ from gputui.cloud.tags import SELF_STOP_CODE, TAG_BUDGET, TAG_IDLE, TAG_LEASE, T
 from gputui.cloud.pricing import ON_DEMAND_USD, SourcedPrice, table_price
 from gputui.cloud.provider import CapacityError, LaunchRequest, parse_console_host_keys
 from gputui.cloud.userdata import MARKER, user_data
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.cloud import InstanceInfo
 
 SPOT_REASON = "Server.SpotInstanceTermination"

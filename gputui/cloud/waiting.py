@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, TypeVar
 
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 
 T = TypeVar("T")
 

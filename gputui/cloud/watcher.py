@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gputui.model import outside
-from gputui.paths import data_home
+from gputui.model.paths import data_home
 
 IMDS_URL = "http://169.254.169.254"
 TOKEN_TTL_S = 21600

@@ -30,9 +30,9 @@ from gputui.cluster.recovery import Recovery
 from gputui.cluster.relay import Relay
 from gputui.cluster.sshnode import sh
 from gputui.cluster.stopping import Stopped
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.runs import CHECKPOINT
-from gputui.units import plural
+from gputui.model.units import plural
 
 EXIT_GRACE_S = 5.0  # after the group finished or stopped, how long the other nodes get to exit by themselves
 TOKEN_FILE = "rdzv.token"  # in a slave's run directory: the attempt's rendezvous token (0600)
@@ -217,7 +217,7 @@ class Attempts:
 def put_secret(conn: Any, secret: str, remote: str) -> None:
     """`secret` into a file at `remote` that only the slave's user can read (created 0600, then
     renamed into place), sent on the command's stdin: a command line shows in `ps` to everyone."""
-    from gputui.errors import GputuiError
+    from gputui.model.errors import GputuiError
 
     part = remote + ".part"
     command = "umask 077 && " + sh("rm", "-f", part) + " && cat > " + sh(part) + " && " + sh("mv", "-f", part, remote)

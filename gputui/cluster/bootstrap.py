@@ -22,10 +22,10 @@ from typing import Any, Callable
 from gputui import __version__
 from gputui.cluster.sshnode import SlaveConnection, quote_path, sh
 from gputui.cluster.wheel import Wheel
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
 from gputui.train.data import STEMS, find_file
-from gputui.units import plural
+from gputui.model.units import plural
 
 MARKER = "marker.json"
 MIN_PYTHON = (3, 10)

@@ -20,10 +20,10 @@ from gputui.cluster.bootstrap import Bootstrapper, local_dataset
 from gputui.cluster.context import CLOUD_SSH_WAIT_S, RunContext
 from gputui.cluster.members import Node
 from gputui.cluster.sshnode import SlaveConnection, quote_path
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.config.hosts import HostSpec
-from gputui.paths import bundled_mnist
-from gputui.units import plural
+from gputui.model.paths import bundled_mnist
+from gputui.model.units import plural
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.runs import RunDir
 
 NONCE_FILE = "nonce"
@@ -25,7 +25,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 def resume_ref(run: RunDir) -> str:
     """How `gputui run --resume` names this run: its id under the default location, else its path."""
-    from gputui.paths import runs_home
+    from gputui.model.paths import runs_home
 
     return run.run_id if run.path.parent == runs_home() else str(run.path)
 

@@ -31,7 +31,7 @@ from gputui.cluster.settings import ClusterSettings, load_cluster
 from gputui.cluster.stopping import Reporter, StopRequests, Stopped
 from gputui.cluster.teardown import report_stop, teardown
 from gputui.console import View
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.config.run import RunConfig
 
 

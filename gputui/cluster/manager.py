@@ -17,17 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.leaks import ls_command
 from gputui.cloud.lifecycle import UpResult, launch, plan_launch, terminate, wait_running
 from gputui.cloud.context import CloudContext
 from gputui.cluster.settings import ClusterSettings
 from gputui.cluster.store import ClusterStore
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.config.hosts import HostSpec
 from gputui.model.cloud import ENDED_STATES, InstanceInfo
-from gputui.units import plural
+from gputui.model.units import plural
 
 if TYPE_CHECKING:
     from gputui.cluster.sshnode import SlaveConnection

@@ -18,7 +18,7 @@ from gputui.cluster.procs import NodeProc
 from gputui.cluster.sshnode import SlaveConnection
 from gputui.cluster.tunnel import ReverseForward
 from gputui.config.hosts import HostSpec
-from gputui.supervisor import GRACE_S
+from gputui.model.supervisor import GRACE_S
 
 STOP_GRACE_S = GRACE_S  # what each node's supervisor gives its tree (longer than torchrun's own)
 KILL_MARGIN_S = 10.0  # on top of the grace, for the supervisor to report the exit over SSH

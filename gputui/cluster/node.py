@@ -7,7 +7,7 @@ node) and keeps the channel's stdin open. torchrun runs in its own process group
 output (stderr merged) is relayed line by line to stdout, where the master reads rank 0's
 events. When the master writes `stop`, when stdin reaches EOF (the master closed the channel
 or died) or this process gets SIGTERM/SIGHUP, the whole tree (torchrun and its workers,
-which torchrun puts in sessions of their own: gputui.supervisor) gets SIGTERM (workers
+which torchrun puts in sessions of their own: gputui.model.supervisor) gets SIGTERM (workers
 checkpoint), then SIGKILL after a grace period longer than torchrun's own (at once when the
 master writes `kill` during a stop): nothing is left running on the node. With
 `--spot-watcher`, gputui's spot-interruption watcher watches torchrun too.
@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from gputui.supervisor import GRACE_S, Tree, become_subreaper
+from gputui.model.supervisor import GRACE_S, Tree, become_subreaper
 from gputui.train.distributed import _die_with_parent
 from gputui.train.rdzv import LAUNCHER
 

@@ -12,7 +12,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from gputui import events, runs
+from gputui import runs
+from gputui.model import events
 from gputui.console import JsonView, View
 from gputui.model.text import clean
 
@@ -36,7 +37,7 @@ class Output:
         self._lock = threading.Lock()
 
     def emit(self, name: str, /, **fields: Any) -> dict[str, Any]:
-        """A master-side event (checked against gputui.events) and its line on stderr."""
+        """A master-side event (checked against gputui.model.events) and its line on stderr."""
         event = events.make(name, **fields)
         self.write(event)
         if name == "stopping":

@@ -4,7 +4,7 @@ Both run `python -m gputui.cluster.node -- TORCHRUN-ARGS` (torchrun: gputui.trai
 the exit code, into one queue read by the master. `stop()` writes `stop` to the node's
 supervisor (it SIGTERMs torchrun: the workers checkpoint); `stop(now=True)` writes `kill`
 (SIGKILL now during a stop, else a second after SIGTERM); `kill()` drops the node outright:
-the master's own node with its whole process tree (gputui.supervisor), a slave's by closing
+the master's own node with its whole process tree (gputui.model.supervisor), a slave's by closing
 its channel (its supervisor then stops what is left there).
 """
 
@@ -110,7 +110,7 @@ class LocalNode(NodeProc):
 
     def __init__(self, name: str, items: "queue.Queue[Item]", args: Sequence[str], env: Mapping[str, str], grace_s: float) -> None:
         super().__init__(name, items)
-        from gputui.supervisor import Tree
+        from gputui.model.supervisor import Tree
         from gputui.train.distributed import _die_with_parent
         from gputui.train.rdzv import clean_env
 

@@ -11,8 +11,8 @@ from gputui.cluster.bringup import connect_cloud, connect_host, prepare, record_
 from gputui.cluster.context import RunContext
 from gputui.cluster.identity import resume_ref
 from gputui.cluster.members import Node
-from gputui.errors import GputuiError
-from gputui.units import plural
+from gputui.model.errors import GputuiError
+from gputui.model.units import plural
 
 
 class Recovery:

@@ -12,14 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gputui import events, runs
+from gputui import runs
+from gputui.model import events
 from gputui.cluster.context import RunContext
 from gputui.cluster.members import Node
 from gputui.cluster.node import NODE_TAG
 from gputui.cluster.worker import EVENT_TAG
 from gputui.model import outside
 from gputui.model.text import clean, clean_tree
-from gputui.units import plural_of
+from gputui.model.units import plural_of
 
 FETCH_AT = ("epoch", "interrupted", "done")
 

@@ -12,7 +12,7 @@ from gputui.config.cluster import (  # noqa: F401 - re-exported: the table is de
     CLUSTER_SECTION, ClusterSettings)
 from gputui.config.profile import Profile, load_profile
 from gputui.config.schema import Source
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.sources.hostspecs import hosts_from_profile
 
 

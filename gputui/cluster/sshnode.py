@@ -15,7 +15,7 @@ from pathlib import Path
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS slave_activity (

@@ -15,7 +15,7 @@ from gputui.cluster.context import Phase, RunContext
 from gputui.cluster.members import KILL_MARGIN_S, STOP_GRACE_S
 from gputui.cluster.relay import Relay
 from gputui.model.text import clean
-from gputui.units import plural
+from gputui.model.units import plural
 
 DRAIN_S = 15.0  # after a kill, how long the exits of the killed nodes may take to come in
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputui import __version__
-from gputui.errors import GputuiError, UserError
-from gputui.paths import PACKAGE_DIR, REPO_DIR, cache_home, data_home, moved_once
+from gputui.model.errors import GputuiError, UserError
+from gputui.model.paths import PACKAGE_DIR, REPO_DIR, cache_home, data_home, moved_once
 
 _SKIP_DIRS = {"__pycache__"}
 _MINIMAL_PYPROJECT = f"""[build-system]

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from gputui import events
-from gputui.errors import GputuiError, UserError
+from gputui.model import events
+from gputui.model.errors import GputuiError, UserError
 from gputui.runs import RunDir, encode
 
 EVENT_TAG = "@@gputui-event "

@@ -9,8 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gputui import units
-from gputui.units import plural
+from gputui.model import units
+from gputui.model.units import plural
 
 DEFAULT_GUARD_INTERVAL_S = 30.0
 
@@ -96,7 +96,7 @@ def with_region(settings: Any, region: str) -> Any:
     import re
     from dataclasses import replace
 
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     if not re.match(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$", region):
         raise UserError(f"--region {region!r}: expected an AWS region such as us-east-1")
@@ -111,7 +111,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from gputui.cloud.lifecycle import launch, plan_launch, wait_running
     from gputui.cloud.pricing import PriceBook
     from gputui.commands import cloud_view as view
-    from gputui.errors import GputuiError, UserError
+    from gputui.model.errors import GputuiError, UserError
 
     from dataclasses import replace
 
@@ -179,7 +179,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from gputui.cloud.pricing import PriceBook
     from gputui.cloud.tags import TAG_MANAGED
     from gputui.commands import cloud_view as view
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     if not args.ids and not args.all:
         raise UserError("gputui cloud down: name instance ids, or --all")
@@ -298,7 +298,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
     from gputui.cloud.pricing import PriceBook
     from gputui.cloud.remote import cloud_checkpointer
     from gputui.commands import cloud_view as view
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     if not args.interval > 0 or args.grace < 0:
         raise UserError("--interval must be > 0 and --grace >= 0")

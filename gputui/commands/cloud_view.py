@@ -10,11 +10,11 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
-from gputui import units
-from gputui.errors import UserError
+from gputui.model import units
+from gputui.model.errors import UserError
 from gputui.model.cloud import CloudEvent, FleetEntry, InstanceInfo, LaunchAttempt, PriceQuote, SpendLine
 from gputui.model.text import clean
-from gputui.units import plural
+from gputui.model.units import plural
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui.units import plural
+from gputui.model.units import plural
 
 
 def register(subparsers: Any) -> None:
@@ -40,7 +40,7 @@ def _say(message: str) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     from gputui.cluster.settings import load_cluster
-    from gputui.paths import profiles_dir
+    from gputui.model.paths import profiles_dir
 
     settings = load_cluster(args.profile or profiles_dir() / "cluster.toml")
     manager = None
@@ -87,7 +87,7 @@ def _up(args: argparse.Namespace, settings: Any, manager: Any) -> int:
     from gputui.cluster.bootstrap import Bootstrapper, local_dataset
     from gputui.cluster.sshnode import SlaveConnection
     from gputui.cluster.wheel import build_wheel
-    from gputui.paths import bundled_mnist
+    from gputui.model.paths import bundled_mnist
 
     static = list(settings.hosts)[: settings.slaves_needed]
     missing = settings.slaves_needed - len(static)

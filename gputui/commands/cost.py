@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gputui import units
+from gputui.model import units
 
 
 def _reason(record: Any) -> str:
@@ -26,7 +26,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from gputui.cloud.costs import report, report_clock
     from gputui.cloud.ledger import Ledger
     from gputui.commands import cloud_view as view
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     if args.since is not None and not args.since > 0:
         raise UserError(f"--since {args.since:g}: expected a number of days > 0")

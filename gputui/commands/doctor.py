@@ -51,7 +51,7 @@ def _print_table(checks: list[Any]) -> None:
     from rich.text import Text
 
     from gputui.console import table_width
-    from gputui.units import plural
+    from gputui.model.units import plural
 
     from gputui.model.text import clean
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 
 DEFAULT_INTERVAL_S = 2.0
 PIPE_WIDTH = 200  # the table's width off a terminal (a file, `| less`, CI) unless $COLUMNS says otherwise

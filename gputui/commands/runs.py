@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from gputui import history
     from gputui.commands import cloud_view as view
-    from gputui.paths import runs_home
+    from gputui.model.paths import runs_home
 
     home = args.dir.expanduser() if args.dir is not None else runs_home()
     listed = history.list_runs(home)
@@ -60,8 +60,8 @@ def row(s: Any) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from gputui import history, runs
-    from gputui.errors import UserError
-    from gputui.paths import runs_home, user_opener
+    from gputui.model.errors import UserError
+    from gputui.model.paths import runs_home, user_opener
 
     if args.csv is None:
         raise UserError(f"runs export {args.run_id}: name the format: --csv [FILE] (stdout without FILE)")

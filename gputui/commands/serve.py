@@ -17,7 +17,7 @@ import shlex
 import sys
 from typing import Any
 
-from gputui.units import plural
+from gputui.model.units import plural
 
 DEFAULT_HOST = "127.0.0.1"
 PUBLIC_HOST = "0.0.0.0"
@@ -86,7 +86,7 @@ def dashboard_argv(args: argparse.Namespace) -> list[str]:
 
 
 def listen_address(args: argparse.Namespace) -> str:
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
     from gputui.exporter import is_loopback
 
     host = args.host if args.host is not None else (PUBLIC_HOST if args.public else DEFAULT_HOST)
@@ -150,7 +150,7 @@ async def serve(server: Any, host: str, port: int, public: bool, token: str,
 
     from aiohttp import web
 
-    from gputui.errors import GputuiError
+    from gputui.model.errors import GputuiError
 
     logging.basicConfig(level=logging.WARNING, format="gputui serve: %(message)s")
     runner = web.AppRunner(await server._make_app(), handle_signals=False, access_log=None)  # URLs hold the token

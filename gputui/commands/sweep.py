@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gputui.units import plural
+from gputui.model.units import plural
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     if args.target == "show":
         if not args.name:
@@ -86,7 +86,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace, resume: str | None) -> int:
     from gputui.commands import cloud_view as view
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
     from gputui.sweep import study as studies
     from gputui.sweep.slots import sweep_slots
     from gputui.sweep.space import load_spec
@@ -116,7 +116,7 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
 def _master(args: argparse.Namespace, profile: Any, spec: Any, study: Any) -> int:
     """The sweep, under its master lock: `study` is the one resumed, or None for a new one."""
     from gputui.commands import cloud_view as view
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
     from gputui.sweep import study as studies
     from gputui.sweep.slots import sweep_slots
 
@@ -178,7 +178,7 @@ def _ledger(name: str, ended: str | None, cluster: str) -> None:
     import sqlite3
 
     from gputui.cloud.ledger import Ledger
-    from gputui.errors import GputuiError
+    from gputui.model.errors import GputuiError
     from gputui.sweep.cloudslots import fleet_name
 
     try:

@@ -31,7 +31,7 @@ def env_int(name: str, default: int) -> int:
     """A whole number from the environment (the demo's size: GPUTUI_DEMO_HOSTS, GPUTUI_DEMO_GPUS)."""
     import os
 
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
 
     text = os.environ.get(name, "").strip()
     if not text:

@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from gputui.errors import UserError
+    from gputui.model.errors import UserError
     from gputui.config.run import DEVICE_RE
 
     if not DEVICE_RE.match(args.device):

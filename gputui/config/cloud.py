@@ -14,7 +14,7 @@ from typing import Any
 
 from gputui.config.hosts import USER_NAME, check_jump
 from gputui.config.schema import REQUIRED, key, section_of
-from gputui.errors import UserError, read_user_file
+from gputui.model.errors import UserError, read_user_file
 
 # [cluster]'s defaults, written here since a cloud's slaves follow them too (a [cluster] table holds
 # its [cloud], so config.cluster imports this module, never the other way):

@@ -24,7 +24,7 @@ from gputui.config.run import RUN_SECTION, RunConfig, RunSettings
 from gputui.config.schema import Section, Source
 from gputui.config.sweep import SWEEP_SECTION, SweepSpec
 from gputui.config.ui import UI_SECTION, UiSettings
-from gputui.errors import UserError, read_user_file
+from gputui.model.errors import UserError, read_user_file
 
 if sys.version_info >= (3, 11):
     import tomllib

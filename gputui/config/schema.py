@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.outside import number
 
 

@@ -28,13 +28,14 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gputui import runs, units
+from gputui import runs
+from gputui.model import units
 from gputui.dashboard.follow import Follower
-from gputui.events import typed
+from gputui.model.events import typed
 from gputui.model import outside
 from gputui.model.text import clean, clean_tree
-from gputui.supervisor import GRACE_S, Tree
-from gputui.units import plural
+from gputui.model.supervisor import GRACE_S, Tree
+from gputui.model.units import plural
 
 # A local or DDP run stops within the supervisor's grace (torchrun's workers included), plus its checkpoint.
 LOCAL_STOP_S = GRACE_S + 30.0

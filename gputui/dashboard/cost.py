@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gputui import units
+from gputui.model import units
 from gputui.model.cloud import BudgetStatus, projection
 
 

@@ -76,7 +76,7 @@ class HostFeed:
 
     def _flush(self, final: bool = True) -> None:
         """Write the metered energy; a periodic flush (final=False) keeps the counter's spans whole."""
-        from gputui.errors import GputuiError
+        from gputui.model.errors import GputuiError
 
         self._flushed = self.clock()
         try:

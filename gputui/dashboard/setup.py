@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from gputui.dashboard.child import Progress, TrainingChild, run_argv
 from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.cost import SlaveLine
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 from gputui.model.cloud import CloudEvent
-from gputui.paths import data_home, profiles_dir
+from gputui.model.paths import data_home, profiles_dir
 
 if TYPE_CHECKING:
     from gputui.dashboard.slaves import SlaveControl
@@ -122,7 +122,7 @@ class Backend:
 
     def energy_meter(self) -> Any:
         """Meters this machine's GPU energy into the ledger when [cloud] sets kwh_price; else None."""
-        from gputui.errors import GputuiError
+        from gputui.model.errors import GputuiError
 
         try:
             settings = self.cloud_settings()

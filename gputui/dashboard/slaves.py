@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-from gputui import units
+from gputui.model import units
 from gputui.cloud.budget import BudgetGuard
 from gputui.cloud.costs import instance_cost
 from gputui.cloud.fleet import fleet
@@ -19,7 +19,7 @@ from gputui.cloud.lifecycle import launch, plan_launch, terminate
 from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.dashboard.cost import CostFrame, SlaveLine
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.cloud import hours_left
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from gputui.curves import Curves
-from gputui.events import finite, typed  # a cluster run relays events from slaves: their numbers are checked there
+from gputui.model.events import finite, typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
-from gputui.units import plural_of
+from gputui.model.units import plural_of
 
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
 ACTIVE = ("starting", "running", "stopping")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputui.model.telemetry import HostState
-from gputui.paths import data_home
+from gputui.model.paths import data_home
 
 if TYPE_CHECKING:
     from gputui.sources.target import Target

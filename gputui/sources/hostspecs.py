@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from gputui.config.hosts import USER_NAME, HostSpec
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 
 if TYPE_CHECKING:
     from gputui.config.profile import Profile

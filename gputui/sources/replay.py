@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import IO, Sequence
 
-from gputui.errors import UserError, read_user_file
+from gputui.model.errors import UserError, read_user_file
 from gputui.model import outside
 from gputui.model.telemetry import HostSnapshot, round_from_dict, round_to_dict
 from gputui.model.text import clean_tree

@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.sweep.remote import RemoteHost, RemoteSlot, bootstrapper, cluster_defaults, host_slots, prepare_host
 
 

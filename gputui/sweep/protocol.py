@@ -11,7 +11,7 @@ master -> worker (stdin):
 worker -> master (stdout):
   {"op": "ready", "pid": P, "device": D, "torch": V, "threads": T, "load_s": S}
   {"op": "event", "trial": N, "data": EVENT, "eval": K}
-      a run event (gputui.events) of trial N; eval/epoch events carry K, the 1-based index of
+      a run event (gputui.model.events) of trial N; eval/epoch events carry K, the 1-based index of
       the evaluation within the trial (the step the pruner compares trials at)
   {"op": "result", "trial": N, "outcome": "done"|"stopped"|"error", "test_acc": .., "best_acc": ..,
    "elapsed_s": .., "reason": .., "error": MESSAGE, "idle_ms": ..}

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model.outside import number
 
 STATES = ("running", "waiting", "complete", "pruned", "fail", "requeued")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.runs import CHECKPOINT, MAX_CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.base import WorkerGone
@@ -366,7 +366,7 @@ def cluster_defaults(profile: Any) -> tuple[str, str]:
 def bootstrapper(profile: Any) -> Any:
     from gputui.cluster.bootstrap import Bootstrapper, local_dataset
     from gputui.cluster.wheel import build_wheel
-    from gputui.paths import bundled_mnist
+    from gputui.model.paths import bundled_mnist
 
     remote_dir, python = cluster_defaults(profile)
     data = Path(profile.run.data) if profile.run.data else bundled_mnist()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model import outside
 from gputui.sweep import protocol, study as studies
 from gputui.sweep.lifecycle import Outcome, Trial, Trials, TrialState
@@ -121,7 +121,7 @@ class SweepView(Protocol):
         ...
 
     def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
-        """A run event of a trial (gputui.events), as its worker wrote it."""
+        """A run event of a trial (gputui.model.events), as its worker wrote it."""
         ...
 
     def progress(self, p: Progress) -> None:

@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gputui import units
-from gputui.errors import UserError
-from gputui.paths import user_opener
+from gputui.model import units
+from gputui.model.errors import UserError
+from gputui.model.paths import user_opener
 from gputui.sweep import study as studies
 from gputui.sweep.reader import SweepData, snapshot
 from gputui.sweep.view import value_text

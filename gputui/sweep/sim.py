@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from gputui import events
+from gputui.model import events
 from gputui.sweep import protocol
 from gputui.sweep.base import WorkerGone
 

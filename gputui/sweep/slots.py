@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from gputui.errors import UserError
-from gputui.paths import private_dir, private_opener
+from gputui.model.errors import UserError
+from gputui.model.paths import private_dir, private_opener
 from gputui.sweep import protocol
 from gputui.sweep.base import Slot, WorkerGone
 from gputui.sweep.space import SweepSpec, default_threads

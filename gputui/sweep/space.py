@@ -25,7 +25,7 @@ from gputui.config.profile import Profile, parse_profile
 from gputui.config.recipes import RECIPES
 from gputui.config.sweep import (  # noqa: F401 - re-exported: the table is declared in gputui.config.sweep
     NAME_RE, OBJECTIVES, SPACE_KEYS, SWEEP_SECTION, SweepSpec)
-from gputui.errors import UserError
+from gputui.model.errors import UserError
 
 
 def spec_from(table: Mapping[str, Any], run: Any, path: Path | None, text: str) -> SweepSpec:
@@ -73,7 +73,7 @@ def max_evaluations(run: Any, space: Mapping[str, tuple[Any, ...]]) -> int:
 
 def load_spec(path: Path) -> tuple[Profile, SweepSpec]:
     """The profile at `path` and its sweep; a UserError when it has no [sweep]."""
-    from gputui.errors import read_user_file
+    from gputui.model.errors import read_user_file
 
     text = read_user_file(path, "profile", " (profiles/sweep.toml is an example sweep)")
     return parse_text(text, path)

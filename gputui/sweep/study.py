@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gputui.cloud.redact import holds_secrets, redact_profile, restore_profile
-from gputui.errors import UserError
-from gputui.lockfile import Lock, exclusive
-from gputui.paths import data_home, private_db
+from gputui.model.errors import UserError
+from gputui.model.lockfile import Lock, exclusive
+from gputui.model.paths import data_home, private_db
 from gputui.sweep.space import SweepSpec, parse_text
 
 REQUEUED = "requeued"
@@ -46,7 +46,7 @@ def trial_dir(name: str, number: int) -> Path:
 
 
 def master_lock(name: str) -> "AbstractContextManager[Lock]":
-    """The sweep's master lock (gputui.lockfile): one master runs a study at a time. Held from
+    """The sweep's master lock (gputui.model.lockfile): one master runs a study at a time. Held from
     before the slots start or a trial is touched until the last slot is closed. It lives apart
     from the sweeps' directory, which a sweep refused for bad input never makes."""
     return exclusive(data_home() / "locks" / f"sweep-{name}.lock")

@@ -80,7 +80,7 @@ class Worker:
         from gputui.train.startup import Prefetch
 
         if data is not None and not Path(data).is_dir():  # said before torch's import, not after
-            from gputui.errors import UserError
+            from gputui.model.errors import UserError
 
             raise UserError(f"{data}: no such data directory (--data takes a directory of IDX files)")
         prefetch = Prefetch(Path(data) if data else None)  # decodes while torch imports
@@ -128,7 +128,7 @@ class Worker:
 
     def run_trial(self, message: dict[str, Any]) -> None:
         from gputui import runs
-        from gputui.errors import GputuiError
+        from gputui.model.errors import GputuiError
         from gputui.config.profile import parse_profile
         from gputui.cloud.heartbeat import beat
         from gputui.train.loop import Diverged, StopFlag, Trainer

@@ -11,9 +11,9 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gputui import units
+from gputui.model import units
 from gputui.model.text import clean
-from gputui.units import plural_of
+from gputui.model.units import plural_of
 
 if TYPE_CHECKING:
     from gputui.sweep.scheduler import SweepView
@@ -78,7 +78,7 @@ class JsonLines:
         self._write({"sweep": kind, **{k: v for k, v in fields.items() if v is not None}})
 
     def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
-        from gputui.events import typed
+        from gputui.model.events import typed
 
         self._write({"sweep": "run", "trial": trial, "slot": slot, "data": typed(event)})
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.runs import MAX_CHECKPOINT
-from gputui.paths import private_opener
+from gputui.model.paths import private_opener
 
 CHECKPOINT = "ckpt.pt"
 FORMAT = 1

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gputui.errors import UserError
-from gputui.paths import bundled_mnist
+from gputui.model.errors import UserError
+from gputui.model.paths import bundled_mnist
 
 # Role -> file stem; a file may be named STEM, STEM.gz, or with '.' before 'idx'.
 STEMS = {

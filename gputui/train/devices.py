@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from gputui.errors import UserError
-from gputui.units import plural
+from gputui.model.errors import UserError
+from gputui.model.units import plural
 
 
 def resolve_device(spec: str) -> tuple[torch.device, str]:

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gputui.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
 from gputui.runs import RunDir
-from gputui.supervisor import STOP_SIGNALS, Tree, become_subreaper
+from gputui.model.supervisor import STOP_SIGNALS, Tree, become_subreaper
 from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, release, serve_store
 
 LAUNCHER_LOG = "launcher.log"
@@ -159,7 +159,7 @@ def show_lines(lines: list[bytes], show: Callable[[dict[str, Any]], None], tally
         event = tally.line(line) if line.strip() else None
         warning = tally.warning()
         if warning is not None:
-            from gputui import events
+            from gputui.model import events
 
             show(events.make("warning", reason="bad_line", message=warning))
         if event is not None:
@@ -169,7 +169,7 @@ def show_lines(lines: list[bytes], show: Callable[[dict[str, Any]], None], tally
 
 
 def _stopped_line(run: RunDir) -> str:
-    from gputui.paths import runs_home
+    from gputui.model.paths import runs_home
 
     ref = run.run_id if run.path.parent == runs_home() else str(run.path)
     if not run.checkpoint.is_file():
@@ -215,7 +215,7 @@ def init_rank(cfg: Any, local_rank: int) -> Any:
 def error_event(exc: GputuiError) -> dict[str, Any]:
     """The `error` event a rank emits before it exits with the error's code (with the step,
     reason and checkpoint of a run that diverged: gputui.train.loop.Diverged's `fields`)."""
-    from gputui import events
+    from gputui.model import events
 
     return events.make("error", message=str(exc), exit_code=exc.exit_code, **getattr(exc, "fields", {}))
 

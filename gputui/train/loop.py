@@ -8,7 +8,7 @@ of every global batch, so the gradients DDP averages equal the single-process
 gradient of the whole batch).
 
 The loop only sequences: a `Step` (gputui.train.step) trains one batch, a `Meter`
-(gputui.train.meter) keeps the clock and the loss, gputui.events builds the events.
+(gputui.train.meter) keeps the clock and the loss, gputui.model.events builds the events.
 A loss that is not finite ends the run: the last good state is put back and
 checkpointed (see `Trainer._check`), and `Diverged` is raised for the caller to report.
 """
@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from gputui import events
-from gputui.errors import GputuiError, UserError
+from gputui.model import events
+from gputui.model.errors import GputuiError, UserError
 from gputui.config.run import RunConfig
 from gputui.runs import RunDir
 from gputui.train import checkpoint, nets

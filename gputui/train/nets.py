@@ -61,7 +61,7 @@ def _flat_size(
         try:
             out = features(torch.zeros(1, 1, *image_shape))
         except RuntimeError as exc:
-            from gputui.errors import UserError
+            from gputui.model.errors import UserError
 
             raise UserError(
                 f"images of {image_shape[0]}x{image_shape[1]} are too small for {type(module).__name__}: {exc}"

@@ -17,7 +17,7 @@ from textual.containers import Grid
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from gputui.dashboard.setup import Backend
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.telemetry import HostState
 from gputui.ui.bindings import KEYS, bindings
 from gputui.ui.cost_panel import CostPanel

@@ -19,7 +19,7 @@ from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.session import RunSession
 from gputui.dashboard.setup import Backend
 from gputui.dashboard.training import TrainingState
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.cloud import CloudEvent
 from gputui.model.telemetry import HostState
 from gputui.model.text import clean
@@ -169,7 +169,7 @@ class DashboardBase(App[None]):
     def launched_note(self, slaves: "SlaveControl", ids: list[str]) -> str:
         """In the launch worker: what `u` did, from the ledger ("u: launched i-0abc, g4dn.xlarge spot
         in us-east-1c at $0.2042/h")."""
-        from gputui.units import per_hour
+        from gputui.model.units import per_hour
 
         ctx = slaves.ctx
         records = {r.instance_id: r for r in ctx.ledger.instances(ctx.provider.name, ctx.provider.region,

@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
-from gputui import units
+from gputui.model import units
 from gputui.dashboard.cost import CostFrame, SlaveLine
 from gputui.model.text import clean
 from gputui.ui.draw import bar

@@ -24,7 +24,7 @@ from textual.widgets import Static
 
 from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, linear_ticks,
                            load_run, log_ticks, sample, thin, ticks, x_labels, xy)
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.history import export_csv
 from gputui.model.text import clean
 

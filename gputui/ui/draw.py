@@ -1,12 +1,12 @@
 """Small text drawings the panels share: bars and sparklines. Pure functions. Numbers are
-formatted by gputui.units, the one place for display formats."""
+formatted by gputui.model.units, the one place for display formats."""
 
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-from gputui import units
+from gputui.model import units
 
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -25,7 +25,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gputui import units
+from gputui.model import units
 from gputui.dashboard.hosts import HostsFrame
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, throttle_text
 from gputui.model.text import clean

@@ -16,12 +16,12 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from gputui.dashboard.hosts import HostsFrame
-from gputui import units
+from gputui.model import units
 from gputui.model.text import clean
 from gputui.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
 from gputui.ui.bindings import process_bindings
 from gputui.ui.tables import KeyedTable
-from gputui.units import plural
+from gputui.model.units import plural
 
 COLUMNS = (("host", "host"), ("GPU", None), ("PID", "pid"), ("user", "user"), ("GPU mem", "memory"), ("SM", "sm"),
            ("CPU", "cpu"), ("RSS", "rss"), ("time", "time"), ("command", "command"))

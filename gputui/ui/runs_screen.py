@@ -22,12 +22,12 @@ from textual.widgets import Footer, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui import history, runs
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.text import clean
 from gputui.ui.bindings import Key
 from gputui.ui.screens import ChoiceScreen
 from gputui.ui.tables import KeyedTable
-from gputui.units import plural
+from gputui.model.units import plural
 
 # Keys of the runs screen, shown in its footer.
 RUNS_KEYS: tuple[Key, ...] = (

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gputui import units
+from gputui.model import units
 from gputui.dashboard.setup import list_profiles, resolve_profile
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.ui.base import DashboardBase
 from gputui.ui.messages import CloudNote, SlavesChanged
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
-from gputui.units import plural
+from gputui.model.units import plural
 
 
 

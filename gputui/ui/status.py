@@ -22,7 +22,7 @@ from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
 from gputui.model.text import clean
-from gputui.units import duration
+from gputui.model.units import duration
 
 PINNED = ("help", "quit")  # footer keys that always show, at the right end
 SEP = " · "

@@ -19,9 +19,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from gputui import units
+from gputui.model import units
 from gputui.dashboard.sweep import SweepData, params_text, summary, value_text
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.text import clean
 from gputui.ui.bindings import Key
 from gputui.ui.tables import KeyedTable

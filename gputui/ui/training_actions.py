@@ -22,9 +22,9 @@ from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.follow import Follower
 from gputui.dashboard.session import Refused
 from gputui.dashboard.training import TrainingState, event_line
-from gputui.errors import GputuiError
+from gputui.model.errors import GputuiError
 from gputui.model.text import clean_tree
-from gputui.paths import runs_home
+from gputui.model.paths import runs_home
 from gputui.runs import EVENTS, read_events
 from gputui.ui.base import DashboardBase
 from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate

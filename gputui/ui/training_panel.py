@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputui import units
+from gputui.model import units
 from gputui.dashboard.training import TrainingState
 from gputui.model.text import clean
 from gputui.ui.curves import CurvesPanel
@@ -21,7 +21,7 @@ STATUS_CLASS = {"running": "ok", "starting": "ok", "stopping": "warn", "done": "
 
 class TrainingSummary(Widget):
     """Three lines: who the run is; where it is (progress, recent rate, ETA) or, once it has
-    ended, how it ended; its loss and accuracy. Every number is formatted by gputui.units."""
+    ended, how it ended; its loss and accuracy. Every number is formatted by gputui.model.units."""
 
     COMPONENT_CLASSES = {"training--ok", "training--warn", "training--bad", "training--dim", "training--bar"}
     state: reactive[TrainingState] = reactive(TrainingState)

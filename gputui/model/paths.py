@@ -12,7 +12,7 @@ import shutil
 import stat
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # gputui/ (this file is gputui/model/paths.py)
 REPO_DIR = PACKAGE_DIR.parent
 
 
