@@ -110,7 +110,7 @@ def main() -> int:
               f"(target 2 s: {max(agains) / 2:.2f}x)")
 
         # 2. 2 nodes x 1 process vs 1 process x 2 threads, same global batch
-        from gputui.bench import slice_dataset
+        from gputui.jobs.bench import slice_dataset
 
         data = slice_dataset(root / "data", args.steps * args.batch_size)
         common = ["--data", str(data), "--epochs", "1", "--batch-size", str(args.batch_size), "--device", "cpu", "--seed", "0"]

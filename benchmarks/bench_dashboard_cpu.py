@@ -56,7 +56,7 @@ SIZE = (120, 40)
 # the stand-in run ---------------------------------------------------------------------------------
 def feed(rate: float, profile: Path) -> int:
     """Be a live run of `profile` under GPUTUI_HOME that appends `rate` events/s until SIGTERM."""
-    from gputui import runs
+    from gputui.runs import store as runs
     from gputui.model.events import make
 
     stop = False

@@ -30,10 +30,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from gputui.console import CollectView
+from gputui.views.progress import CollectView
 from gputui.config.run import RunSettings
 from gputui.config.profile import load_profile
-from gputui.runner import RunRequest, default_profile, execute, prepare
+from gputui.jobs.run import RunRequest, default_profile, execute, prepare
 from gputui.train import nets
 from gputui.train.data import load_dataset
 from gputui.train.loop import make_optimizer

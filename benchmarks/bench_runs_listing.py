@@ -1,5 +1,5 @@
 """`gputui runs` over a run of a million steps (a 168 MB events.jsonl): the whole-file read it
-did before against the streamed digest and its cached summary (gputui.summaries).
+did before against the streamed digest and its cached summary (gputui.runs.summaries).
 
 Writes a run directory with one start event, 1,000,000 step events shaped like the trainer's
 (~168 bytes a line: a little more than the 141 MB log of the finding), an epoch event every 100,000 steps and a done
@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 BEFORE = """
 import resource, sys, time
 from pathlib import Path
-from gputui import history, runs
+from gputui.runs import history
+from gputui.runs import store as runs
 t0 = time.perf_counter()
 run = runs.RunDir(Path(sys.argv[1]))
 events = runs.read_events(run.events)  # the whole file, then a list of every event

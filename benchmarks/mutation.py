@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 0.80
 
-# The measured code: a module, or some of its functions. The "event emitters": gputui.runs
+# The measured code: a module, or some of its functions. The "event emitters": gputui.runs.store
 # writes every training event as one JSON line (encode, EventLog) and reads them back
 # (read_events); error_event builds a DDP rank's `error` event; emit_line prints a cluster
 # rank's events for the master. The trainer builds its start/step/eval/epoch/done events
@@ -47,10 +47,10 @@ MODULES: dict[str, tuple[str, ...] | None] = {
     "gputui/model/text.py": None,
     "gputui/cloud/budget.py": None,
     "gputui/cloud/costs.py": None,
-    "gputui/runs.py": None,
+    "gputui/runs/store.py": None,
     "gputui/train/distributed.py": ("error_event",),
     "gputui/cluster/worker.py": ("emit_line",),
-    # Pure logic the later changes added or touched (issue 28 item 8). gputui/runs.py above holds
+    # Pure logic the later changes added or touched (issue 28 item 8). gputui/runs/store.py above holds
     # the run resolver (`find`) and the one events reader (read_events, iter_events, EventLines,
     # parse_event) already; here: the event builder, the "number from outside" parser, the
     # plural helper, and the sweep's trial states (counted / requeued, as `sweep show` names them).
@@ -193,7 +193,7 @@ def mutmut(work: Path, args: list[str], timeout: float, log: Path | None = None)
 
 
 def function_of(module: str, name: str) -> str:
-    """"gputui.runs.xǁEventLogǁwrite__mutmut_3" -> "EventLog.write"; "...x_encode__mutmut_1" -> "encode"."""
+    """"gputui.runs.store.xǁEventLogǁwrite__mutmut_3" -> "EventLog.write"; "...x_encode__mutmut_1" -> "encode"."""
     mangled = name.partition("__mutmut_")[0][len(module[:-3].replace("/", ".")) + 1:]
     return mangled[2:] if mangled.startswith("x_") else ".".join(mangled.split("\u01c1")[1:])
 

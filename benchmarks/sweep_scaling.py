@@ -115,7 +115,7 @@ from pathlib import Path
 t_start = time.perf_counter()
 import optuna, torch
 torch.set_num_threads(1)
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.config.run import RunSettings
 from gputui.train.data import load_dataset
 from gputui.train.loop import StopFlag, Trainer

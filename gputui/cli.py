@@ -100,8 +100,8 @@ def run_overrides(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gputui.console import JsonView, ProgressView
-    from gputui.runner import RunRequest, run
+    from gputui.views.progress import JsonView, ProgressView
+    from gputui.jobs.run import RunRequest, run
 
     request = RunRequest(
         profile=args.profile,

@@ -14,11 +14,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from gputui.alerts import ALERTS_SECTION, AlertEngine, AlertSettings, CloudFacts, Notifier, RunFacts, alert_settings
+from gputui.monitor.alerts import ALERTS_SECTION, AlertEngine, AlertSettings, CloudFacts, Notifier, RunFacts, alert_settings
 from gputui.cli import main
 from gputui.model.errors import UserError
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
-from gputui.watches import RunWatch, find_run
+from gputui.monitor.watches import RunWatch, find_run
 from tests.conftest import json_lines
 from tests.sshd_fixture import Sshd, SshdFactory, sshd_factory  # noqa: F401
 
@@ -123,7 +123,7 @@ def test_stalled_and_non_finite_loss_of_a_watched_run(tmp_path: Path) -> None:
     facts = write({"event": "start", "run_id": "r2", "time": 6000.0})
     assert {(a.rule, a.state, a.run_id) for a in engine.evaluate([], 6001.0, facts)} == {("nan_loss", "cleared", "r1")}
     # a run whose first word of it is the error event (no NaN step was written)
-    from gputui.watches import fold
+    from gputui.monitor.watches import fold
 
     diverged = fold(RunFacts(run_id="r4", active=True), {"event": "error", "reason": "nan", "message": "training diverged"})
     assert diverged.non_finite == "training diverged" and not diverged.active

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gputui.bench import BenchRow, add_speedups, plan, table
+from gputui.jobs.bench import BenchRow, add_speedups, plan, table
 from gputui.cluster.store import ClusterStore
 
 from .cluster_fixture import (  # noqa: F401 - fixtures

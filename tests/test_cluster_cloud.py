@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cluster.launch import ClusterRun
 from gputui.cluster.settings import load_cluster
 from gputui.cluster.sshnode import SlaveConnection

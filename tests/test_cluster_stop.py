@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cloud.ledger import Ledger
 from gputui.cloud.context import CloudContext
 from gputui.cloud.sim import SimProvider, SimScript

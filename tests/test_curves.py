@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from textual.binding import Binding
 
-from gputui import history
-from gputui.curves import (Curves, ema, linear_ticks, load_run, log_ticks, read_csv, thin, time_ticks, x_label,
+from gputui.runs import history
+from gputui.runs.curves import (Curves, ema, linear_ticks, load_run, log_ticks, read_csv, thin, time_ticks, x_label,
                            xy)
-from gputui.history import CSV_NAME, export_csv
+from gputui.runs.history import CSV_NAME, export_csv
 from gputui.model.errors import UserError
 from gputui.ui.curve_actions import CurveActions
-from gputui.ui.curves import REDRAW_S, CurvePlot, CurvesPanel
+from gputui.ui.curves_panel import REDRAW_S, CurvePlot, CurvesPanel
 
 REFERENCE = Path("/work/shared/reference/h100/run-seed-40-epochs.jsonl")
 LOCAL_REFERENCE = Path(__file__).parent / "fixtures" / "h100" / "run-seed-40-epochs.jsonl"

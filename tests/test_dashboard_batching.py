@@ -11,7 +11,7 @@ from typing import Any
 
 from textual.message import Message
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.dashboard.follow import Follower
 from gputui.model.events import make
 from gputui.ui.messages import TrainingLine, TrainingUpdate

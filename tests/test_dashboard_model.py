@@ -210,9 +210,9 @@ print(",".join(bad))
 @pytest.mark.parametrize("imports, forbidden", [
     ("import gputui.cli, gputui.commands.ui, gputui.ui.app, gputui.dashboard.setup, gputui.dashboard.slaves",
      ("torch", "boto3", "paramiko", "pynvml")),
-    ("import gputui.runner, gputui.runs, gputui.model.telemetry, gputui.model.cloud, gputui.sources.sim, "
+    ("import gputui.jobs.run, gputui.runs.store, gputui.model.telemetry, gputui.model.cloud, gputui.sources.sim, "
      "gputui.sources.ssh, gputui.cloud.lifecycle, gputui.cloud.sim, gputui.cloud.ledger, gputui.dashboard.setup, "
-     "gputui.dashboard.slaves, gputui.dashboard.cost, gputui.dashboard.child, gputui.dashboard.demo, gputui.monitoring",
+     "gputui.dashboard.slaves, gputui.dashboard.cost, gputui.dashboard.child, gputui.dashboard.demo, gputui.monitor.polling",
      ("textual",)),
 ])
 def test_imports_stay_apart(imports: str, forbidden: tuple[str, ...]) -> None:

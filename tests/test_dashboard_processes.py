@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
-from gputui.monitoring import Telemetry
+from gputui.monitor.polling import Telemetry
 from gputui.ui.app import create_app
 from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.dashboard.setup import resolve_profile
 from gputui.ui.app import create_app
 from gputui.ui.events_panel import EventsLog

@@ -17,13 +17,13 @@ import pytest
 from rich.text import Text
 from textual.app import App, ComposeResult
 
-from gputui import runs
-from gputui.curves import MAX_POINTS, Curves, SeriesCache, ema, xy
+from gputui.runs import store as runs
+from gputui.runs.curves import MAX_POINTS, Curves, SeriesCache, ema, xy
 from gputui.dashboard.follow import Follower
 from gputui.dashboard.training import TrainingState
 from gputui.model.events import finite, make, typed
 from gputui.ui.events_panel import EventsLog
-from gputui.watches import RunFacts, fold, fold_all
+from gputui.monitor.watches import RunFacts, fold, fold_all
 
 from tests.dashboard_support import wait_for
 from tests.test_dashboard_batching import burst
@@ -124,7 +124,7 @@ def test_the_smoothed_series_goes_on_from_where_it_was() -> None:
 
 def test_the_plot_read_from_plotexts_matrix_is_the_text_of_its_ansi_output() -> None:
     pytest.importorskip("textual_plotext")
-    from gputui.ui.curves import CurvePlot, CurvesPanel
+    from gputui.ui.curves_panel import CurvePlot, CurvesPanel
 
     state = TrainingState().fold_all(burst(4_000, steps_per_epoch=400))
 

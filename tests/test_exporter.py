@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gputui.alerts import AlertEngine, AlertSettings, CloudFacts, RunFacts
+from gputui.monitor.alerts import AlertEngine, AlertSettings, CloudFacts, RunFacts
 from gputui.cli import main
 from gputui.model.errors import UserError
-from gputui.exporter import ExportState, Server, parse_listen, scrape_text
+from gputui.monitor.exporter import ExportState, Server, parse_listen, scrape_text
 from gputui.model.telemetry import THROTTLE_CODES, GpuSample, HostSnapshot, HostState
 from gputui.sources.sim import SimSource
 from tests.conftest import cli_env
@@ -213,7 +213,7 @@ def test_allow_host_and_an_open_bind_answer_to_their_names() -> None:
     ("evil.example", "0.0.0.0", (), False), ("", "127.0.0.1", (), False), (None, "127.0.0.1", (), True),
 ])
 def test_host_allowed(header: str | None, bound: str, extra: tuple[str, ...], allowed: bool) -> None:
-    from gputui.exporter import host_allowed
+    from gputui.monitor.exporter import host_allowed
 
     assert host_allowed(header, bound, extra) is allowed
 
@@ -244,7 +244,7 @@ def test_the_deadline_counts_every_read_not_each_one() -> None:
     import io
     import socket
 
-    from gputui.exporter import DeadlineReader
+    from gputui.monitor.exporter import DeadlineReader
 
     now = [100.0]
     ours, theirs = socket.socketpair()

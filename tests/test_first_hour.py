@@ -12,7 +12,7 @@ import pytest
 from gputui.cli import main
 from gputui.cloud.costs import report
 from gputui.cloud.ledger import SCHEMA_VERSION, Ledger, default_path
-from gputui.history import ledger_view
+from gputui.runs.history import ledger_view
 from gputui.model.cloud import InstanceInfo
 from gputui.model.paths import runs_home
 

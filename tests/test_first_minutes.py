@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gputui import doctor
+from gputui.jobs import doctor
 from gputui.model import units
 from gputui.cli import main
-from gputui.doctor import Check
+from gputui.jobs.doctor import Check
 
 from .conftest import cli_env, run_cli
 
@@ -75,7 +75,7 @@ def test_doctor_piped_fits_columns_pads_evenly_and_counts_in_words() -> None:
 
 
 def test_piped_tables_fit_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputui.console import table_width
+    from gputui.views.progress import table_width
 
     monkeypatch.setenv("COLUMNS", "90")
     assert table_width(250) == 90
@@ -90,7 +90,7 @@ def test_plurals(n: int, noun: str, said: str) -> None:
 
 
 def test_progress_on_resume_names_the_epoch_keeps_the_accuracy_and_holds_its_width(capsys: pytest.CaptureFixture[str]) -> None:
-    from gputui.console import ProgressView
+    from gputui.views.progress import ProgressView
 
     view = ProgressView()
     view.show({"event": "start", "run_id": "r", "model": "seed", "device": "cpu", "strategy": "single", "world_size": 1,
@@ -181,7 +181,7 @@ def test_the_simulated_cloud_needs_no_ssh_key_and_says_it_is_simulated(tmp_path:
 
 
 def test_curve_ticks_use_one_precision_per_axis() -> None:
-    from gputui.curves import axis_labels, log_ticks, x_labels
+    from gputui.runs.curves import axis_labels, log_ticks, x_labels
 
     assert axis_labels([1.0, 0.1]) == ["1.0", "0.1"]
     assert axis_labels(log_ticks(0.01, 2.0, 4)) == [f"{v:.2f}" for v in log_ticks(0.01, 2.0, 4)]

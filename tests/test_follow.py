@@ -1,5 +1,5 @@
 """Following a run's events.jsonl (gputui.dashboard.follow) and the run.pid that says which
-process a run is (gputui.runs): no Textual, no torch."""
+process a run is (gputui.runs.store): no Textual, no torch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.dashboard.follow import Follower
 from tests.proc_support import wait_until
 
@@ -116,7 +116,7 @@ def test_run_pid_names_a_live_process_not_a_later_one_with_its_pid(tmp_path: Pat
 def test_gputui_runs_calls_a_run_with_a_live_pid_running(tmp_path: Path) -> None:
     """A run between two writes (a DDP launcher or a cluster master may hold no event log open)
     is running while its run.pid's process lives, and stopped once it is gone without a last word."""
-    from gputui import history
+    from gputui.runs import history
 
     run = runs.RunDir(tmp_path / "r1")
     run.path.mkdir()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cli import main
 from gputui.train import checkpoint
 from gputui.train.graphstep import WARMUP_STEPS

@@ -90,7 +90,7 @@ def test_a_sweep_host_s_dev_zero_checkpoint_is_a_warning_and_the_retry_keeps_the
 
 
 def test_the_sweep_s_pull_cap_is_the_checkpoint_loader_s_cap() -> None:
-    from gputui.runs import MAX_CHECKPOINT
+    from gputui.runs.store import MAX_CHECKPOINT
     from gputui.sweep import remote
     from gputui.train import checkpoint
 

@@ -25,7 +25,7 @@ from textual.widgets._toast import Toast
 
 from gputui.cli import main
 from gputui.commands.cloud_view import print_table, say
-from gputui.console import JsonView, ProgressView
+from gputui.views.progress import JsonView, ProgressView
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.cost import CostFrame, SlaveLine
 from gputui.model.errors import UserError

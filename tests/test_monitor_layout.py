@@ -16,8 +16,8 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, round_from_dict
-from gputui.processes import rows as process_rows
-from gputui.telemetry_view import DROP_ORDER, HOST_LINE, HostsTable, ProcessesTable, _columns, layout
+from gputui.monitor.processes import rows as process_rows
+from gputui.views.telemetry import DROP_ORDER, HOST_LINE, HostsTable, ProcessesTable, _columns, layout
 
 from .conftest import run_cli
 

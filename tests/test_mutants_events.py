@@ -16,7 +16,7 @@ import pytest
 from gputui.cluster.worker import EVENT_TAG, emit_line
 from gputui.model.errors import GputuiError, UserError
 from gputui.model.paths import runs_home
-from gputui.runs import EventLog, RunDir, create, encode, find, new_run_id, read_events
+from gputui.runs.store import EventLog, RunDir, create, encode, find, new_run_id, read_events
 from gputui.train.distributed import error_event
 
 

@@ -17,8 +17,8 @@ HOME = "model/outside.py"
 HELPER_NAMES = {"_num", "_number", "_finite", "number", "finite", "_float", "_as_float", "_positive_number"}
 # Functions with such a name that are not helpers of that kind: (file, name) -> why.
 NOT_HELPERS = {
-    ("console.py", "_num"): "formats a number for the progress line; parses nothing",
-    ("telemetry_view.py", "_num"): "formats a number through its units function; parses nothing",
+    ("views/progress.py", "_num"): "formats a number for the progress line; parses nothing",
+    ("views/telemetry.py", "_num"): "formats a number through its units function; parses nothing",
     ("cloud/lease.py", "number"): "reads an instance tag's text (a string) as a time",
     ("cloud/sim.py", "number"): "reads a simulated instance tag's text (a string) as a time",
 }
@@ -28,7 +28,7 @@ OWN_JSON = {
     "cloud/pricing.py": (1, "gputui's own price cache (written by gputui in its cache directory)"),
     "cluster/settings.py": (1, "the cluster record gputui wrote into the run directory"),
     "cluster/store.py": (1, "a JSON column gputui wrote into its own SQLite store"),
-    "summaries.py": (1, "gputui's own summary cache (summary.json beside a run's events, written by gputui)"),
+    "runs/summaries.py": (1, "gputui's own summary cache (summary.json beside a run's events, written by gputui)"),
 }
 PARSERS = {"loads", "load", "JSONDecoder", "raw_decode"}
 

@@ -17,7 +17,7 @@ import pytest
 
 from gputui import cli
 from gputui.model import paths
-from gputui.alerts import AlertEngine, AlertSettings, Notifier
+from gputui.monitor.alerts import AlertEngine, AlertSettings, Notifier
 from tests.cluster_fixture import ClusterNodes, cluster_nodes, cluster_wheel, trust  # noqa: F401 - fixtures
 from tests.conftest import run_cli
 from tests.proc_support import wait_until
@@ -85,7 +85,7 @@ def test_a_sweep_leaves_only_private_files_and_keeps_no_webhook_secret(small_dat
 
 def test_a_resumed_sweep_takes_the_webhook_from_its_profile_or_says_it_goes_without(
         small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gputui.alerts import alert_settings
+    from gputui.monitor.alerts import alert_settings
     from gputui.sweep import study as studies
     from gputui.sweep.space import load_spec
 

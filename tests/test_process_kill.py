@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from gputui.model.telemetry import GpuProcess
-from gputui.processes import kill_local
+from gputui.monitor.processes import kill_local
 from gputui.sources.nvml import HostProcesses
 from tests.proc_support import Child
 from tests.signal_counter import signal_counter, signals_got

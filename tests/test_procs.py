@@ -17,8 +17,8 @@ import pytest
 from gputui.cli import main
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
-from gputui.monitoring import Telemetry, kill
-from gputui.processes import filter_rows, kill_local, kill_remote, parse_kill_answer, rows, signal_name, sort_rows
+from gputui.monitor.polling import Telemetry, kill
+from gputui.monitor.processes import filter_rows, kill_local, kill_remote, parse_kill_answer, rows, signal_name, sort_rows
 from gputui.sources.hostkeys import SshOptions
 from gputui.sources.sim import SimSource
 from gputui.sources.ssh import SshHost, SshSource

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gputui.config.run import RunConfig, RunSettings
 from gputui.config.profile import load_profile, parse_profile
-from gputui.runs import PROFILE
+from gputui.runs.store import PROFILE
 
 from .conftest import json_lines, make_dataset, run_cli
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.dashboard.session import GOING, HERE_GOING, MOVES, QUITTING, Phase, Refused, RunSession, SessionError
 from gputui.dashboard.training import TrainingState
 

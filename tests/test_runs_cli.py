@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gputui import history, runs
+from gputui.runs import history
+from gputui.runs import store as runs
 from gputui.cli import main
 from gputui.cloud.ledger import Ledger
 

@@ -215,8 +215,8 @@ def test_help_and_light_imports() -> None:
     result = run_cli("--help", timeout=60)
     assert "monitor" in result.stdout and "doctor" in result.stdout
     code = (
-        "import sys, gputui.cli, gputui.commands.monitor, gputui.commands.doctor, gputui.monitoring, "
-        "gputui.model.telemetry, gputui.sources.ssh, gputui.sources.nvml, gputui.doctor\n"
+        "import sys, gputui.cli, gputui.commands.monitor, gputui.commands.doctor, gputui.monitor.polling, "
+        "gputui.model.telemetry, gputui.sources.ssh, gputui.sources.nvml, gputui.jobs.doctor\n"
         "gputui.cli.build_parser()\n"
         "print(sorted({'paramiko', 'pynvml', 'torch', 'textual'} & set(sys.modules)))"
     )

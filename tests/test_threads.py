@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from gputui import bench, runner, runs
-from gputui.bench import BenchRow
+from gputui.jobs import bench
+from gputui.jobs import run as runner
+from gputui.runs import store as runs
+from gputui.jobs.bench import BenchRow
 from gputui.cli import main
 from gputui.config.run import RunSettings
 from gputui.sweep.space import default_threads
@@ -138,7 +140,7 @@ def test_ddp_ranks_get_their_share_in_their_environment(tmp_path: Path, monkeypa
 
 
 def runner_view() -> Any:
-    from gputui.console import CollectView
+    from gputui.views.progress import CollectView
 
     return CollectView()
 

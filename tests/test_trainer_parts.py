@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cli import main
 from gputui.model.errors import UserError
 from gputui.config.run import RunSettings

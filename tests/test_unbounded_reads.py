@@ -18,7 +18,9 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from gputui import history, runs, summaries
+from gputui.runs import summaries
+from gputui.runs import history
+from gputui.runs import store as runs
 from gputui.cli import main
 from gputui.cluster import procs
 from gputui.config.hosts import HostSpec

@@ -115,7 +115,7 @@ def test_every_function_reads_none_and_nan_as_na(name: str) -> None:
 def test_run_progress_shows_samples_per_second_in_units(capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """`gputui run`'s progress line: "140k samples/s", not "140,000 samples/s" or "1419/s"."""
-    from gputui.console import ProgressView
+    from gputui.views.progress import ProgressView
 
     monkeypatch.setenv("COLUMNS", "200")
     view = ProgressView()

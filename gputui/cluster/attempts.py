@@ -31,7 +31,7 @@ from gputui.cluster.relay import Relay
 from gputui.cluster.sshnode import sh
 from gputui.cluster.stopping import Stopped
 from gputui.model.errors import GputuiError, UserError
-from gputui.runs import CHECKPOINT
+from gputui.runs.store import CHECKPOINT
 from gputui.model.units import plural
 
 EXIT_GRACE_S = 5.0  # after the group finished or stopped, how long the other nodes get to exit by themselves

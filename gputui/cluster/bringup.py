@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cluster.bootstrap import Bootstrapper, local_dataset
 from gputui.cluster.context import CLOUD_SSH_WAIT_S, RunContext
 from gputui.cluster.members import Node

@@ -11,7 +11,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cluster.bootstrap import Bootstrapper
 from gputui.cluster.identity import RunIdentity
 from gputui.cluster.members import NodeGroup

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.model.errors import UserError
-from gputui.runs import RunDir
+from gputui.runs.store import RunDir
 
 NONCE_FILE = "nonce"
 _NONCE = re.compile(r"^[0-9a-f]{16,64}$")

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cluster.attempts import Attempts, Outcome
 from gputui.cluster.bringup import bring_up
 from gputui.cluster.context import Phase, RunContext
@@ -30,7 +30,7 @@ from gputui.cluster.output import Output, stderr_line
 from gputui.cluster.settings import ClusterSettings, load_cluster
 from gputui.cluster.stopping import Reporter, StopRequests, Stopped
 from gputui.cluster.teardown import report_stop, teardown
-from gputui.console import View
+from gputui.views.progress import View
 from gputui.model.errors import UserError
 from gputui.config.run import RunConfig
 

@@ -12,9 +12,9 @@ import sys
 import threading
 from typing import Any, Callable
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.model import events
-from gputui.console import JsonView, View
+from gputui.views.progress import JsonView, View
 from gputui.model.text import clean
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.model import events
 from gputui.cluster.context import RunContext
 from gputui.cluster.members import Node

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from gputui.model import events
 from gputui.model.errors import GputuiError, UserError
-from gputui.runs import RunDir, encode
+from gputui.runs.store import RunDir, encode
 
 EVENT_TAG = "@@gputui-event "
 

@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from gputui.bench import busy_note, run_bench, store_rows, table
+    from gputui.jobs.bench import busy_note, run_bench, store_rows, table
     from gputui.model.errors import UserError
     from gputui.config.recipes import MODEL_NAMES
 

@@ -22,7 +22,7 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     from rich.table import Table
     from rich.text import Text
 
-    from gputui.console import table_width
+    from gputui.views.progress import table_width
 
     table = Table(title=Text(clean(title), style="table.title"), title_justify="left", caption_justify="left",
                   caption=None if caption is None else Text(clean(caption), style="table.caption"))

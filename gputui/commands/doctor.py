@@ -25,8 +25,8 @@ def register(sub: Any) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from gputui.commands.monitor import request_from
-    from gputui.doctor import FAIL, all_remote_checks, local_checks
-    from gputui.monitoring import remote_specs
+    from gputui.jobs.doctor import FAIL, all_remote_checks, local_checks
+    from gputui.monitor.polling import remote_specs
 
     request = request_from(args)
     request.check()
@@ -50,7 +50,7 @@ def _print_table(checks: list[Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from gputui.console import table_width
+    from gputui.views.progress import table_width
     from gputui.model.units import plural
 
     from gputui.model.text import clean

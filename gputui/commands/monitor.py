@@ -61,7 +61,7 @@ SORT_CHOICES = ("memory", "sm", "cpu", "rss", "time", "pid", "user", "host", "co
 
 
 def request_from(args: argparse.Namespace) -> Any:
-    from gputui.monitoring import TelemetryRequest
+    from gputui.monitor.polling import TelemetryRequest
 
     return TelemetryRequest(
         profile=args.profile,
@@ -77,7 +77,7 @@ def request_from(args: argparse.Namespace) -> Any:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from gputui.monitoring import build_source, poll_round, round_exit_code
+    from gputui.monitor.polling import build_source, poll_round, round_exit_code
 
     if not args.interval > 0:
         raise UserError(f"--interval {args.interval:g}: expected a number of seconds > 0")
@@ -88,7 +88,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     procs = _process_view(args)
     listen = None
     if args.serve is not None:
-        from gputui.exporter import parse_listen
+        from gputui.monitor.exporter import parse_listen
 
         listen = parse_listen(args.serve)
     elif args.allow_host:
@@ -110,7 +110,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     previous = _stop_on_sigterm()
     try:
         if listen is not None:
-            from gputui.exporter import ExportState, Server
+            from gputui.monitor.exporter import ExportState, Server
 
             watchers.export = ExportState()
             server = Server(watchers.export, *listen, allow_hosts=tuple(args.allow_host))
@@ -172,7 +172,7 @@ class _ProcessView:
         self.key, self.reverse, self.user, self.command = key, reverse, user, command
 
     def rows(self, hosts: list[Any]) -> list[Any]:
-        from gputui.processes import filter_rows, rows, sort_rows
+        from gputui.monitor.processes import filter_rows, rows, sort_rows
 
         return sort_rows(filter_rows(rows(hosts), self.user, self.command), self.key, self.reverse)
 
@@ -194,13 +194,13 @@ class _Watchers:
         self.run: Any = None
         self.cloud: Any = None
         if args.run is not None:
-            from gputui.watches import RunWatch, find_run
+            from gputui.monitor.watches import RunWatch, find_run
 
             self.run = RunWatch(find_run(args.run))
         if args.profile is not None and not (getattr(args, "sim", None) or getattr(args, "replay", None)):
-            from gputui.alerts import AlertEngine, Notifier, alert_settings
+            from gputui.monitor.alerts import AlertEngine, Notifier, alert_settings
             from gputui.config.profile import load_profile
-            from gputui.watches import cloud_watch
+            from gputui.monitor.watches import cloud_watch
 
             profile = load_profile(args.profile)
             settings = alert_settings(profile)
@@ -264,7 +264,7 @@ class _View:
             return
         from rich.console import Group
 
-        from gputui.telemetry_view import HostsTable, ProcessesTable
+        from gputui.views.telemetry import HostsTable, ProcessesTable
 
         console = self._get_console()
         table: Any = HostsTable(hosts)  # laid out at the console's width, each time it is drawn
@@ -290,7 +290,7 @@ class _View:
         if not alerts:
             return
         if self.as_json:
-            from gputui.alerts import alert_document
+            from gputui.monitor.alerts import alert_document
 
             for alert in alerts:
                 sys.stdout.write(json.dumps(alert_document(alert), separators=(",", ":"), default=str) + "\n")
@@ -307,7 +307,7 @@ class _View:
         if self._console is None:
             from rich.console import Console
 
-            from gputui.console import table_width
+            from gputui.views.progress import table_width
 
             tty = sys.stdout.isatty()  # off a terminal an alert line is one line, however long
             self._console = Console(highlight=False, width=table_width(PIPE_WIDTH), soft_wrap=not tty)

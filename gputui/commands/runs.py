@@ -1,6 +1,6 @@
 """`gputui runs`: the list of past runs, and `gputui runs export RUN_ID --csv` for their curves.
 
-The records come from gputui.history (no torch, no UI); ids, models, devices and error lines
+The records come from gputui.runs.history (no torch, no UI); ids, models, devices and error lines
 are data from the run directories, shown as Text (never markup) in the table."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from gputui import history
+    from gputui.runs import history
     from gputui.commands import cloud_view as view
     from gputui.model.paths import runs_home
 
@@ -53,13 +53,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def row(s: Any) -> list[str]:
     """A summary as the table's cells (the dashboard's runs screen shows the same)."""
-    from gputui.history import cells
+    from gputui.runs.history import cells
 
     return cells(s)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from gputui import history, runs
+    from gputui.runs import history
+    from gputui.runs import store as runs
     from gputui.model.errors import UserError
     from gputui.model.paths import runs_home, user_opener
 

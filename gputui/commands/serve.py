@@ -87,7 +87,7 @@ def dashboard_argv(args: argparse.Namespace) -> list[str]:
 
 def listen_address(args: argparse.Namespace) -> str:
     from gputui.model.errors import UserError
-    from gputui.exporter import is_loopback
+    from gputui.monitor.exporter import is_loopback
 
     host = args.host if args.host is not None else (PUBLIC_HOST if args.public else DEFAULT_HOST)
     if not 0 <= args.port <= 65535:
@@ -111,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = listen_address(args)
     argv = dashboard_argv(args)
     env_int("GPUTUI_DEMO_HOSTS", 3), env_int("GPUTUI_DEMO_GPUS", 4)  # a bad value: said now, not in each tab
-    from gputui.exporter import is_loopback
+    from gputui.monitor.exporter import is_loopback
     from gputui.ui.web import Guard, make_server
 
     # The token lives in this process only: not in a child's command line or environment (a

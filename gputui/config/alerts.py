@@ -1,4 +1,4 @@
-"""The `[alerts]` profile table: when to raise an alert and where to send it (see gputui.alerts).
+"""The `[alerts]` profile table: when to raise an alert and where to send it (see gputui.monitor.alerts).
 
 Declared once, as `AlertSettings`.
 """

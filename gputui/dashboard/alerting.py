@@ -1,7 +1,7 @@
 """The dashboard's alerts: the profile's `[alerts]` evaluated on each telemetry round, in the
 worker that polls (never on the UI thread), and handed to the command and the webhook.
 
-The engine (gputui.alerts) fires once when a condition starts, once when it clears, and
+The engine (gputui.monitor.alerts) fires once when a condition starts, once when it clears, and
 repeats only at `repeat_s`; this only feeds it the round, the run and the cloud.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
-from gputui.alerts import Alert, AlertEngine, AlertSettings, CloudFacts, Notifier, RunFacts
+from gputui.monitor.alerts import Alert, AlertEngine, AlertSettings, CloudFacts, Notifier, RunFacts
 from gputui.dashboard.cost import CostFrame
 from gputui.model.telemetry import HostSnapshot
 
@@ -46,7 +46,7 @@ def cloud_facts(cost: CostFrame | None) -> CloudFacts | None:
 
 def fold_run(facts: RunFacts, events: list[dict[str, Any]]) -> RunFacts:
     """The run's facts after some of its `gputui run --json` events (stalled and NaN alerts)."""
-    from gputui.watches import fold_all
+    from gputui.monitor.watches import fold_all
 
     return fold_all(facts, events)
 
@@ -58,7 +58,7 @@ def run_ended(facts: RunFacts) -> RunFacts:
 
 def load_alerts(profile_path: Any, report: Callable[[str], None]) -> DashboardAlerts | None:
     """The profile's `[alerts]`, or None without the table."""
-    from gputui.alerts import alert_settings
+    from gputui.monitor.alerts import alert_settings
     from gputui.config.profile import load_profile
 
     settings = alert_settings(load_profile(profile_path))

@@ -28,7 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.model import units
 from gputui.dashboard.follow import Follower
 from gputui.model.events import typed

@@ -48,7 +48,7 @@ class HostFeed:
         self.process_sm = on
 
     def poll(self) -> HostsFrame:
-        from gputui.monitoring import poll_round
+        from gputui.monitor.polling import poll_round
 
         started = time.monotonic()
         wanted = self.process_sm

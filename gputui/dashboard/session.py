@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.dashboard.follow import Follower
 from gputui.dashboard.training import TrainingState
 from gputui.model.text import clean_tree

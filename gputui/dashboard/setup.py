@@ -115,7 +115,7 @@ class Backend:
             sim = SimSource(hosts=o.sim_hosts, gpus=o.sim_gpus, seed=o.seed, clock=self.clock)
             source = DemoSource(sim, slaves, o.seed, self.clock)
         else:
-            from gputui.monitoring import TelemetryRequest, build_source
+            from gputui.monitor.polling import TelemetryRequest, build_source
 
             source = build_source(TelemetryRequest(profile=o.profile))
         return HostFeed(source, clock=self.clock, meter=self.energy_meter())

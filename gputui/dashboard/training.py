@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from gputui.curves import Curves
+from gputui.runs.curves import Curves
 from gputui.model.events import finite, typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
 from gputui.model.units import plural_of
@@ -76,7 +76,7 @@ class TrainingState:
     reason: str | None = None  # why an interrupted run stopped (SIGTERM, ...)
     mark: tuple[float, float] | None = None  # the last progress point (step, training clock) the rate is measured from
     attached: bool = False  # followed from its events file, not started by this dashboard
-    curves: Curves = Curves()  # the curves panel's data (gputui.curves), folded from the same events
+    curves: Curves = Curves()  # the curves panel's data (gputui.runs.curves), folded from the same events
 
     @property
     def active(self) -> bool:

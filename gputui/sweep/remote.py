@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gputui.model.errors import GputuiError, UserError
-from gputui.runs import CHECKPOINT, MAX_CHECKPOINT
+from gputui.runs.store import CHECKPOINT, MAX_CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.base import WorkerGone
 

@@ -127,7 +127,7 @@ class Worker:
                 self.current[1].set(reason)
 
     def run_trial(self, message: dict[str, Any]) -> None:
-        from gputui import runs
+        from gputui.runs import store as runs
         from gputui.model.errors import GputuiError
         from gputui.config.profile import parse_profile
         from gputui.cloud.heartbeat import beat

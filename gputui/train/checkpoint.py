@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gputui.model.errors import GputuiError, UserError
-from gputui.runs import MAX_CHECKPOINT
+from gputui.runs.store import MAX_CHECKPOINT
 from gputui.model.paths import private_opener
 
 CHECKPOINT = "ckpt.pt"

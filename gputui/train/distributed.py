@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
-from gputui.runs import RunDir
+from gputui.runs.store import RunDir
 from gputui.model.supervisor import STOP_SIGNALS, Tree, become_subreaper
 from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, release, serve_store
 
@@ -236,7 +236,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gputui.config.profile import load_profile
-    from gputui.runs import EventLog, encode
+    from gputui.runs.store import EventLog, encode
     from gputui.train.data import load_dataset
     from gputui.train.loop import Dist, StopFlag, Trainer
 

@@ -28,7 +28,7 @@ from torch import nn
 from gputui.model import events
 from gputui.model.errors import GputuiError, UserError
 from gputui.config.run import RunConfig
-from gputui.runs import RunDir
+from gputui.runs.store import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset
 from gputui.train.meter import LastGood, Meter, Pace, eval_points, evaluate, step_event_interval

@@ -30,11 +30,11 @@ from gputui.ui.status import StatusBar
 from gputui.ui.training_panel import TrainingPanel
 
 if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
-    from gputui.alerts import RunFacts
+    from gputui.monitor.alerts import RunFacts
     from gputui.dashboard.alerting import DashboardAlerts
     from gputui.dashboard.child import TrainingChild
     from gputui.dashboard.slaves import SlaveControl
-    from gputui.runs import RunDir
+    from gputui.runs.store import RunDir
 
 
 PREVIEW_EVERY_S = 60.0  # how often the cloud poll prices the next `u` again

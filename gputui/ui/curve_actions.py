@@ -10,8 +10,8 @@ from typing import Any
 
 from textual.app import App
 
-from gputui.curves import X_LABELS
-from gputui.ui.curves import CurvesPanel
+from gputui.runs.curves import X_LABELS
+from gputui.ui.curves_panel import CurvesPanel
 
 
 class CurveActions(App[Any]):

@@ -11,8 +11,8 @@ from gputui.dashboard.cost import CostFrame
 from gputui.dashboard.training import TrainingState
 from gputui.model.cloud import CloudEvent
 
-if TYPE_CHECKING:  # gputui.alerts loads in the poll worker, with a profile that has [alerts]
-    from gputui.alerts import Alert
+if TYPE_CHECKING:  # gputui.monitor.alerts loads in the poll worker, with a profile that has [alerts]
+    from gputui.monitor.alerts import Alert
 
 
 class HostsPolled(Message):

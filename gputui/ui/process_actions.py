@@ -1,10 +1,10 @@
 """Key P: the process table, and the signals it sends. The signal goes in a worker
-(gputui.monitoring.kill: os.kill locally, `kill` over SSH remotely); its one line, a refusal
+(gputui.monitor.polling.kill: os.kill locally, `kill` over SSH remotely); its one line, a refusal
 too, goes to the events log, never a traceback."""
 
 from __future__ import annotations
 
-from gputui.processes import ProcessRow
+from gputui.monitor.processes import ProcessRow
 from gputui.ui.base import DashboardBase
 from gputui.ui.messages import EventLine, ProcessSignalled
 from gputui.ui.processes_panel import ProcessScreen, describe
@@ -36,7 +36,7 @@ class ProcessActions(DashboardBase):
                         exit_on_error=False)
 
     def _signal(self, row: ProcessRow, name: str) -> None:
-        from gputui.monitoring import kill
+        from gputui.monitor.polling import kill
 
         feed = self.feed
         try:

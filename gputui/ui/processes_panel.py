@@ -1,7 +1,7 @@
 """The process table (key P): every compute process of every host's GPUs, sorted and filtered
 from the keyboard; T, I and K send SIGTERM, SIGINT or SIGKILL to the selected one after a
 confirmation. The screen only draws the frozen frames the hosts poll gives it and asks the
-app to signal: the app's worker does it (gputui.monitoring.kill).
+app to signal: the app's worker does it (gputui.monitor.polling.kill).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from gputui.dashboard.hosts import HostsFrame
 from gputui.model import units
 from gputui.model.text import clean
-from gputui.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
+from gputui.monitor.processes import SIGNALS, ProcessRow, filter_rows, rows, sort_rows
 from gputui.ui.bindings import process_bindings
 from gputui.ui.tables import KeyedTable
 from gputui.model.units import plural

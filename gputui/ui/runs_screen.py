@@ -21,7 +21,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gputui import history, runs
+from gputui.runs import history
+from gputui.runs import store as runs
 from gputui.model.errors import GputuiError
 from gputui.model.text import clean
 from gputui.ui.bindings import Key

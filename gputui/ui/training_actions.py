@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from textual.message import Message
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.follow import Follower
 from gputui.dashboard.session import Refused
@@ -25,7 +25,7 @@ from gputui.dashboard.training import TrainingState, event_line
 from gputui.model.errors import GputuiError
 from gputui.model.text import clean_tree
 from gputui.model.paths import runs_home
-from gputui.runs import EVENTS, read_events
+from gputui.runs.store import EVENTS, read_events
 from gputui.ui.base import DashboardBase
 from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
 
@@ -256,7 +256,7 @@ class TrainingActions(DashboardBase):
 
     def _watched(self, events: Iterable[Any], generation: int) -> Iterator[Any]:
         """The run's events, folded on the way into the facts the alerts watch (stall, NaN loss)."""
-        from gputui.alerts import RunFacts
+        from gputui.monitor.alerts import RunFacts
         from gputui.dashboard.alerting import fold_run
 
         facts = RunFacts()

@@ -1,4 +1,4 @@
-"""Training: the run's state in three lines and its curves (gputui.ui.curves)."""
+"""Training: the run's state in three lines and its curves (gputui.ui.curves_panel)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.widget import Widget
 from gputui.model import units
 from gputui.dashboard.training import TrainingState
 from gputui.model.text import clean
-from gputui.ui.curves import CurvesPanel
+from gputui.ui.curves_panel import CurvesPanel
 from gputui.ui.draw import bar
 
 STATUS_CLASS = {"running": "ok", "starting": "ok", "stopping": "warn", "done": "ok", "interrupted": "warn",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
-from gputui.exporter import host_allowed, host_name
+from gputui.monitor.exporter import host_allowed, host_name
 from gputui.model import outside
 
 SIZE_LIMITS = ((40, 500), (10, 200))  # (columns, rows): (least, most)

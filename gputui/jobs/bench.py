@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gputui.console import CollectView
+from gputui.views.progress import CollectView
 from gputui.model.errors import GputuiError
 from gputui.train.threads import busy_between, take_sample
 from gputui.model.units import plural
@@ -114,7 +114,7 @@ def slice_dataset(folder: Path, train_images: int) -> Path:
 def measure(spec: RowSpec, data: Path, batch_size: int, work: Path) -> BenchRow:
     """Run one row for one epoch of `data`; its rate from the events."""
     from gputui.config.run import RunSettings
-    from gputui.runner import RunRequest, run
+    from gputui.jobs.run import RunRequest, run
 
     row = BenchRow(spec.label, spec.model, spec.device, spec.strategy, spec.workers, spec.baseline, "skipped", detail=spec.skip or "")
     if spec.skip:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui.alerts import CloudFacts, RunFacts
+from gputui.monitor.alerts import CloudFacts, RunFacts
 from gputui.model.errors import UserError
 from gputui.model.events import ENDS
 from gputui.model.outside import Refused, number, parse_object
@@ -22,9 +22,9 @@ _NON_FINITE_WORDS = ("not finite", "non-finite", "is nan", "is inf")
 
 
 def find_run(ref: str, home: Path | None = None) -> Path:
-    """The events file of `--run REF`: an events file, or a run as gputui.runs.find resolves it
+    """The events file of `--run REF`: an events file, or a run as gputui.runs.store.find resolves it
     (`last`, a run id, a run directory); a directory whose first events are yet to come."""
-    from gputui import runs
+    from gputui.runs import store as runs
 
     path = Path(ref).expanduser()
     if path.is_file() and path.name.endswith(".jsonl"):

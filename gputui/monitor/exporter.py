@@ -27,7 +27,7 @@ from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterable, Iterator, Sequence
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from gputui.alerts import CloudFacts, RunFacts
+from gputui.monitor.alerts import CloudFacts, RunFacts
 from gputui.model.errors import UserError
 from gputui.model.outside import finite
 from gputui.model.telemetry import THROTTLE_CODES, HostSnapshot

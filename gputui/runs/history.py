@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
 
-from gputui import runs, summaries
+from gputui.runs import summaries
+from gputui.runs import store as runs
 from gputui.model.errors import GputuiError, UserError
 from gputui.model.events import typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
@@ -69,7 +70,7 @@ class RunSummary:
 def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, writing: bool | None = False,
               ledger_status: str | None = None, cost_usd: float | None = None,
               digest: summaries.Digest | None = None) -> RunSummary:
-    """A run's summary from its events: given, or its digest (gputui.summaries: streamed from its
+    """A run's summary from its events: given, or its digest (gputui.runs.summaries: streamed from its
     events file once, then cached beside it).
 
     `writing`: whether a process holds its event log open for writing (None: cannot be known

@@ -22,10 +22,10 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from gputui.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, linear_ticks,
+from gputui.runs.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, linear_ticks,
                            load_run, log_ticks, sample, thin, ticks, x_labels, xy)
 from gputui.model.errors import GputuiError
-from gputui.history import export_csv
+from gputui.runs.history import export_csv
 from gputui.model.text import clean
 
 REDRAW_S = 0.85  # at most 1.2 plot builds a second: above the 1 Hz the curves promise, at a bounded cost
@@ -152,7 +152,7 @@ def matrix_text(matrix: Any) -> Text:
     return Text("\n", end="\n", tab_size=8).join(rows)
 
 
-def __getattr__(name: str) -> Any:  # `from gputui.ui.curves import CurvePlot` loads plotext then
+def __getattr__(name: str) -> Any:  # `from gputui.ui.curves_panel import CurvePlot` loads plotext then
     if name == "CurvePlot":
         return _plot_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

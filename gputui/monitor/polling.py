@@ -88,8 +88,8 @@ class Telemetry:
             self.local.process_sm = on
 
     def kill(self, host: str, pid: int, signal_name: str, process: Any = None) -> Any:
-        """Signal a process on one of these hosts: a KillResult (gputui.processes), never an exception."""
-        from gputui.processes import KillResult, kill_local, kill_remote
+        """Signal a process on one of these hosts: a KillResult (gputui.monitor.processes), never an exception."""
+        from gputui.monitor.processes import KillResult, kill_local, kill_remote
 
         if self.local is not None and host == self.local.name:
             return kill_local(pid, signal_name, process, host=host)
@@ -101,7 +101,7 @@ class Telemetry:
 
 def kill(source: Any, host: str, pid: int, signal_name: str, process: Any = None) -> Any:
     """Signal a process on a host of any source (a replay refuses; a simulation pretends)."""
-    from gputui.processes import KillResult, signal_name as check
+    from gputui.monitor.processes import KillResult, signal_name as check
 
     try:
         sig = check(signal_name)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.cluster.settings import cluster_profile, remember_cluster
-from gputui.console import View
+from gputui.views.progress import View
 from gputui.model.errors import GputuiError, UserError
-from gputui.history import completed_epochs
+from gputui.runs.history import completed_epochs
 from gputui.model.paths import profiles_dir, runs_home
 from gputui.config.run import RunConfig, RunSettings
 from gputui.config.profile import load_profile

@@ -1,6 +1,6 @@
 """A run's curves, without UI: train loss, test loss and test accuracy against step, epoch,
 samples or time, smoothed the way TensorBoard smooths, with ticks for an axis (the CSV export is
-gputui.history.export_csv, the format of `gputui runs export`).
+gputui.runs.history.export_csv, the format of `gputui runs export`).
 
 Series (each point carries all four x values, so switching the axis needs no refold):
 - `train_loss`: the step events' loss;
@@ -14,7 +14,7 @@ its resume are not counted, so runs compare fairly).
 
 `Curves.fold_all` takes a read of a run's events at once (one copy of each series that
 grew), so a fast run's events fold as they come; each series keeps at most MAX_POINTS,
-spread evenly over the run. Drawing is the widget's business (gputui.ui.curves, throttled).
+spread evenly over the run. Drawing is the widget's business (gputui.ui.curves_panel, throttled).
 Everything read from a file is data: a number counts only if it is a finite int or float
 (not text, not a bool, not an integer too large for a float).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TextIO
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.model import units
 from gputui.model.errors import UserError
 from gputui.model.outside import number as _num  # a finite float or None: an event file is data

@@ -2,7 +2,7 @@
 
 `gputui runs` and the dashboard's runs screen list every run: reading each run's whole events
 file for that (a million steps is 141 MB) cost seconds and a gigabyte per long run. Here the
-file is streamed once (gputui.runs.EventLines: bounded chunks and lines, bytes that are not
+file is streamed once (gputui.runs.store.EventLines: bounded chunks and lines, bytes that are not
 UTF-8 replaced), what a listing needs is folded into a `Digest`, and the digest is written to
 `summary.json` in the run directory (atomically, 0600), keyed by the events file's size and
 modification time. A later listing of a run that has not changed reads only that file; a run
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from gputui import runs
+from gputui.runs import store as runs
 from gputui.model.events import ENDS, typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
 
@@ -177,7 +177,7 @@ def read(run: runs.RunDir) -> Digest:
     return replace(whole)
 
 
-STEP_PREFIX = b'{"event": "step", '  # how gputui.runs.encode starts a step event's line
+STEP_PREFIX = b'{"event": "step", '  # how gputui.runs.store.encode starts a step event's line
 _STRETCH_KEPT = 16  # step lines kept of a stretch, newest first, to find its last whole event
 
 

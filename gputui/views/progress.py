@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from gputui.model import units
 from gputui.model.events import typed
 from gputui.model.text import clean
-from gputui.runs import encode
+from gputui.runs.store import encode
 
 
 def table_width(pipe_width: int) -> int | None:

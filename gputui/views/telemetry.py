@@ -33,7 +33,7 @@ from rich.text import Text
 from gputui.model import units
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, throttle_text
 from gputui.model.text import MAX_CHARS, clean
-from gputui.processes import ProcessRow
+from gputui.monitor.processes import ProcessRow
 
 NAME_W = 40  # a longer GPU name is cut with an ellipsis
 HOST_W = 48  # a longer host name is cut with an ellipsis

@@ -1,0 +1,1 @@
+"""What a command does, without its argument parsing: `run` (gputui run), `bench`, `doctor`."""
