@@ -18,7 +18,7 @@ from gputui.cloud import factory as provider_module
 from gputui.cloud.ec2 import Ec2Provider, parse_on_demand
 from gputui.cloud.pricing import TABLE_SOURCE, launch_price, on_demand_price, price_cache_path, quotes
 from gputui.cloud.sim import SimProvider
-from gputui.commands.cloud_view import launch_price_text
+from gputui.views.cloud import launch_price_text
 from gputui.model.cloud import PriceQuote
 
 from .moto_fixture import DEAD_PROXY, DUMMY_KEY_ID, DUMMY_SECRET

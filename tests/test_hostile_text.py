@@ -24,7 +24,7 @@ from rich.cells import cell_len
 from textual.widgets._toast import Toast
 
 from gputui.cli import main
-from gputui.commands.cloud_view import print_table, say
+from gputui.views.cloud import print_table, say
 from gputui.views.progress import JsonView, ProgressView
 from gputui.dashboard.child import TrainingChild
 from gputui.dashboard.cost import CostFrame, SlaveLine

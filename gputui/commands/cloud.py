@@ -110,7 +110,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from gputui.cloud.leaks import describe, exit_check
     from gputui.cloud.lifecycle import launch, plan_launch, wait_running
     from gputui.cloud.pricing import PriceBook
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.errors import GputuiError, UserError
 
     from dataclasses import replace
@@ -178,7 +178,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from gputui.cloud.lifecycle import terminate
     from gputui.cloud.pricing import PriceBook
     from gputui.cloud.tags import TAG_MANAGED
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.errors import UserError
 
     if not args.ids and not args.all:
@@ -221,7 +221,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from gputui.cloud.leaks import cloud_command
     from gputui.cloud.fleet import fleet
     from gputui.cloud.pricing import PriceBook
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
 
     ctx = context(args)
     with ctx.ledger:
@@ -246,7 +246,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from gputui.cloud.fleet import fleet, orphans
     from gputui.cloud.lifecycle import terminate
     from gputui.cloud.pricing import PriceBook
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
 
     ctx = context(args)
     with ctx.ledger:
@@ -269,7 +269,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_prices(args: argparse.Namespace) -> int:
     from gputui.cloud.pricing import on_demand_note, on_demand_price, quotes, resolve_on_demand
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
 
     ctx = context(args)
     with ctx.ledger:
@@ -297,7 +297,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
     from gputui.cloud.leaks import exit_check
     from gputui.cloud.pricing import PriceBook
     from gputui.cloud.remote import cloud_checkpointer
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.errors import UserError
 
     if not args.interval > 0 or args.grace < 0:

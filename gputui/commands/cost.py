@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
 def cmd_cost(args: argparse.Namespace) -> int:
     from gputui.cloud.costs import report, report_clock
     from gputui.cloud.ledger import Ledger
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.errors import UserError
 
     if args.since is not None and not args.since > 0:

@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from gputui.runs import history
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.paths import runs_home
 
     home = args.dir.expanduser() if args.dir is not None else runs_home()

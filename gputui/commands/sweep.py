@@ -69,7 +69,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.sweep import show
 
     if args.run is not None:
@@ -85,7 +85,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace, resume: str | None) -> int:
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.errors import UserError
     from gputui.sweep import study as studies
     from gputui.sweep.slots import sweep_slots
@@ -115,7 +115,7 @@ def _sweep(args: argparse.Namespace, resume: str | None) -> int:
 
 def _master(args: argparse.Namespace, profile: Any, spec: Any, study: Any) -> int:
     """The sweep, under its master lock: `study` is the one resumed, or None for a new one."""
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
     from gputui.model.errors import UserError
     from gputui.sweep import study as studies
     from gputui.sweep.slots import sweep_slots

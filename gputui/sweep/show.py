@@ -77,7 +77,7 @@ def report(name: str) -> dict[str, Any]:
 
 
 def print_report(data: dict[str, Any]) -> None:
-    from gputui.commands import cloud_view as view
+    from gputui.views import cloud as view
 
     metric = data["objective"].split()[1]
     rows = []
