@@ -208,3 +208,9 @@ def test_no_message_counts_with_s_in_brackets() -> None:
                     and re.search(r"[A-Za-z]\((?:e?s)\)", node.value)):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
     assert found == []
+
+
+@pytest.mark.parametrize(("value", "noun", "said"), [(3, "process", "3 processes"), ("[/]", "process", "n/a processes"),
+                                                     (None, "epoch", "n/a epochs"), (True, "node", "n/a nodes")])
+def test_plural_of_a_count_from_outside(value: Any, noun: str, said: str) -> None:
+    assert units.plural_of(value, noun) == said

@@ -170,9 +170,12 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
     place plurals are made: never "epoch(s)")."""
     if n == 1:
         return f"{n} {noun}"
-    if many is None:
-        many = noun + ("es" if noun.endswith(("s", "sh", "x")) else "s")  # "batch": pass many
-    return f"{n} {many}"
+    return f"{n} {many or _many(noun)}"
+
+
+def _many(noun: str) -> str:
+    """The plural of a noun of ours: "epochs", "processes" ("batch": pass `many` to plural())."""
+    return noun + ("es" if noun.endswith(("s", "sh", "x")) else "s")
 
 
 def plural_of(value: object, noun: str) -> str:
@@ -180,4 +183,4 @@ def plural_of(value: object, noun: str) -> str:
     whole number."""
     if isinstance(value, int) and not isinstance(value, bool):
         return plural(value, noun)
-    return f"{NA} {noun}s"
+    return f"{NA} {_many(noun)}"

@@ -165,20 +165,6 @@ def ledger_view(path: Path | None = None, now: float | None = None) -> tuple[dic
     return statuses, {line.name: float(line.usd) for line in lines}
 
 
-def find_run(ref: str, home: Path | None = None) -> runs.RunDir:
-    """The run named by `ref`: 'last', a run id under `home`, or a run directory."""
-    home = runs_home() if home is None else home
-    if ref == "last":
-        listed = list_runs(home)
-        if not listed:
-            raise UserError(f"no runs in {home} yet; start one with `gputui run`")
-        return runs.RunDir(Path(listed[-1].path))
-    for path in (home / ref, Path(ref).expanduser()):
-        if (path / runs.PROFILE).is_file() or (path / runs.EVENTS).is_file():
-            return runs.RunDir(path)
-    raise UserError(f"{ref}: no such run (not a run id in {home}, nor a run directory); `gputui runs` lists them")
-
-
 COLUMNS = ("id", "started", "model", "device", "strategy", "epochs", "best acc", "final acc", "time", "cost",
            "state", "note")
 
