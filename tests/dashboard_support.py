@@ -171,3 +171,25 @@ async def settled(pilot: Any, ready: Callable[[], Any] = lambda: True, what: str
         before = now
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def svg_picture(svg: str) -> tuple[dict[tuple[str, int], str], dict[tuple[str, int], tuple[str, str]]]:
+    """What a snapshot SVG shows, cell by cell: each cell's background and each character with
+    its style (the CSS of its class, not the class's generated name). Two SVGs of the same screen
+    can split a row's runs differently (two blank cells as one rect or two); their pictures match."""
+    import html
+    import re
+
+    cell = 12.2  # the width of one terminal cell in textual's SVGs
+    styles = dict(re.findall(r"\.([\w-]+-r\d+) \{ ([^}]*) \}", svg))
+    backgrounds: dict[tuple[str, int], str] = {}
+    for fill, x, y, width in re.findall(r'<rect fill="([^"]*)" x="([\d.]+)" y="([\d.]+)" width="([\d.]+)"', svg):
+        start = round(float(x) / cell)
+        for i in range(round(float(width) / cell)):
+            backgrounds[(y, start + i)] = fill
+    chars: dict[tuple[str, int], tuple[str, str]] = {}
+    for cls, x, y, text in re.findall(r'<text class="([^"]*)" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg):
+        start = round(float(x) / cell)
+        for i, ch in enumerate(html.unescape(text)):
+            chars[(y, start + i)] = (ch, styles.get(cls, cls))
+    return backgrounds, chars

@@ -118,7 +118,8 @@ class DashboardFooter(Footer):
                 self._widths = {**self._widths, key.action: key.outer_size.width}
         if any(key.action not in self._widths for key in keys):  # not measured yet: show all, measure next
             for key in keys:
-                key.display = True
+                if not key.display:
+                    key.display = True
             if self.size.width and not getattr(self, "_measuring", False):
                 self._measuring = True
                 self.call_after_refresh(self._fit_keys)
@@ -129,4 +130,5 @@ class DashboardFooter(Footer):
         used = 0
         for key in keys:
             used += self._widths[key.action]
-            key.display = used <= room
+            if key.display != (used <= room):  # no restyle (and no new frame) when nothing changes
+                key.display = used <= room
