@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gputui.model import outside
+from tests.sweep_support import Seen
 
 HUGE = "1" + "0" * 400  # a 401-digit integer: float() of it overflows, math.isfinite() raises
 DEEP = "[" * 100_000  # the json module recurses on it: RecursionError
@@ -67,27 +68,6 @@ def test_a_flood_of_bad_lines_is_said_once_and_counted() -> None:
 
 
 # -- the sweep master and its workers ---------------------------------------------------------
-
-class Seen:
-    """A sweep view that keeps what it is told."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, dict[str, Any]]] = []
-
-    def sweep(self, kind: str, **fields: Any) -> None:
-        self.lines.append((kind, fields))
-
-    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
-        pass
-
-    def progress(self, p: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def warnings(self) -> list[dict[str, Any]]:
-        return [f for k, f in self.lines if k == "warning"]
 
 
 def master(tmp_path: Path, study: Any = None) -> tuple[Any, Seen]:

@@ -16,31 +16,10 @@ from gputui.sweep import scheduler as sched
 from gputui.sweep import study as studies
 from gputui.sweep.sim import SimHandle, SimSlot
 from gputui.sweep.space import parse_text
+from tests.sweep_support import Seen
 
 WAIT_S = 60.0
 PROFILE = '[run]\nmodel = "fast"\n[sweep]\nname = "{name}"\ntrials = {trials}\npruner = "none"\nlr = [1e-3, 1e-1]\n'
-
-
-class Seen:
-    """A sweep view that keeps what it was shown."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, dict[str, Any]]] = []
-
-    def sweep(self, kind: str, **fields: Any) -> None:
-        self.lines.append((kind, fields))
-
-    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
-        pass
-
-    def progress(self, p: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [f for k, f in self.lines if k == kind]
 
 
 @dataclass
