@@ -161,11 +161,7 @@ class Collector:
             ("gputui_cloud_budget_usd", "The cluster's budget_usd", cloud.budget_usd),
             ("gputui_cloud_budget_used_ratio", "Spent plus committed over the budget", cloud.fraction),
         ):
-            family = gauge(name, doc, ("cluster",))
-            number = finite(value)
-            if number is not None:
-                family.add_metric([cloud.cluster], float(number))
-            yield family
+            yield _one(gauge, name, doc, "cluster", cloud.cluster, value)
 
     @staticmethod
     def _run(run: RunFacts | None, gauge: Any) -> Iterator[Any]:
@@ -179,11 +175,16 @@ class Collector:
             ("gputui_run_samples_per_second", "The run's training throughput", run.samples_per_s),
             ("gputui_run_last_step_timestamp_seconds", "When the run's last step event was written", run.last_step),
         ):
-            family = gauge(name, doc, ("run_id",))
-            number = finite(value)
-            if number is not None:
-                family.add_metric([run.run_id], float(number))
-            yield family
+            yield _one(gauge, name, doc, "run_id", run.run_id, value)
+
+
+def _one(gauge: Any, name: str, doc: str, label: str, key: str, value: Any) -> Any:
+    """A gauge family of one labelled sample (none when the value is not a finite number)."""
+    family = gauge(name, doc, (label,))
+    number = finite(value)
+    if number is not None:
+        family.add_metric([key], float(number))
+    return family
 
 
 def _pstate(text: str | None) -> float | None:
