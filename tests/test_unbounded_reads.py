@@ -382,3 +382,21 @@ def test_a_slave_nodes_supervisor_relays_a_huge_line_cut() -> None:
     assert lines[0] == b"first" and lines[2] == b"last" and lines[3] == b""
     assert lines[1].startswith(b"x" * OUTPUT_LINE) and lines[1].endswith(b"[line cut at 64 KiB]")
     assert len(lines[1]) < OUTPUT_LINE + 64
+
+
+def test_a_watched_run_is_read_through_the_one_bounded_reader(tmp_path: Path) -> None:
+    """`gputui monitor --run`'s watch (monitor.watches.RunWatch) reads through runs.store's
+    EventLines: a 5 MiB line with no event in it costs that line, not the watch; the events
+    around it fold; a line still being written waits for the next poll."""
+    from gputui.monitor.watches import RunWatch
+
+    events = tmp_path / "events.jsonl"
+    start = json.dumps({"event": "start", "run_id": "r1", "time": 1.0})
+    step = json.dumps({"event": "step", "step": 7, "loss": 0.5, "time": 2.0})
+    events.write_bytes(start.encode() + b"\n" + b"x" * (5 << 20) + b"\n" + step.encode() + b"\n" + b'{"event": "st')
+    watch = RunWatch(events)
+    facts = watch.poll()
+    assert facts.run_id == "r1" and facts.step == 7 and facts.loss == 0.5
+    with events.open("ab") as fh:
+        fh.write(b'ep", "step": 8, "loss": 0.25, "time": 3.0}\n')
+    assert watch.poll().step == 8

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from gputui.monitor.alerts import CloudFacts, RunFacts
 from gputui.model.errors import UserError
 from gputui.model.events import ENDS
-from gputui.model.outside import Refused, number, parse_object
+from gputui.model.outside import number
 from gputui.model.text import clean
 
 # The trainer's error event for a diverged run: reason "nan", "... the loss is not finite at step N ...".
@@ -43,25 +43,22 @@ class RunWatch:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offset = 0
-        self._partial = b""
         self.facts = RunFacts()
 
     def poll(self) -> RunFacts:
+        """Fold the events written since the last poll: the run store's one streamed reader
+        (bounded lines, read a chunk at a time; a line still being written waits for the next poll)."""
+        from gputui.runs.store import EventLines, parse_event
+
+        lines = EventLines(self.path, start=self._offset)
         try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
+            for line in lines:
+                event = parse_event(line)  # bytes decoded with errors="replace"; hostile lines refused
+                if event is not None:
+                    self.facts = fold(self.facts, event)
         except OSError:
             return self.facts
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()  # a line still being written
-        for line in lines:
-            try:
-                event = parse_object(line)  # bytes decoded with errors="replace"; hostile lines refused
-            except Refused:
-                continue
-            self.facts = fold(self.facts, event)
+        self._offset = lines.offset
         return self.facts
 
 
