@@ -12,7 +12,7 @@ from typing import Any
 from textual.message import Message
 
 from gputui.runs import store as runs
-from gputui.dashboard.follow import Follower
+from gputui.runs.follow import Follower
 from gputui.model.events import make
 from gputui.ui.messages import TrainingLine, TrainingUpdate
 from gputui.ui.training_actions import TrainingActions, post_events

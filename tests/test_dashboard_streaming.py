@@ -19,7 +19,7 @@ from textual.app import App, ComposeResult
 
 from gputui.runs import store as runs
 from gputui.runs.curves import MAX_POINTS, Curves, SeriesCache, ema, xy
-from gputui.dashboard.follow import Follower
+from gputui.runs.follow import Follower
 from gputui.dashboard.training import TrainingState
 from gputui.model.events import finite, make, typed
 from gputui.ui.events_panel import EventsLog

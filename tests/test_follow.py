@@ -1,4 +1,4 @@
-"""Following a run's events.jsonl (gputui.dashboard.follow) and the run.pid that says which
+"""Following a run's events.jsonl (gputui.runs.follow) and the run.pid that says which
 process a run is (gputui.runs.store): no Textual, no torch."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from gputui.runs import store as runs
-from gputui.dashboard.follow import Follower
+from gputui.runs.follow import Follower
 from tests.proc_support import wait_until
 
 

@@ -188,7 +188,7 @@ def test_gputui_runs_lists_a_run_whose_events_hold_0xff_bytes_and_hostile_lines(
 
 
 def test_the_follower_keeps_an_event_with_a_0xff_byte_and_drops_hostile_lines(tmp_path: Path) -> None:
-    from gputui.dashboard.follow import Follower
+    from gputui.runs.follow import Follower
 
     run = hostile_run(tmp_path)
     follower = Follower(run / "events.jsonl", alive=lambda: False)

@@ -230,3 +230,21 @@ def idle(idle_s):
     assert [line.split()[1:3] for line in found if "def " in line] == [["def", "money:"], ["def", "span:"]]
     assert sum("dollars formatted in place" in line for line in found) == 2
     assert sum("a duration formatted in place" in line for line in found) == 2
+
+
+def test_lines_of_outside_bytes_are_split_by_the_one_splitter() -> None:
+    """Bytes that come in pieces (an events file, a node's output, a socket) are split into lines
+    by gputui.model.lines.LineSplitter alone (bounded, each byte searched once): a second
+    `buffer.split(b"\\n")` or a `readline()` loop (unbounded) fails here."""
+    found = []
+    for path in sorted(GPUTUI.rglob("*.py")):
+        if path == GPUTUI / "model" / "lines.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            splits_bytes = (node.func.attr == "split" and node.args and isinstance(node.args[0], ast.Constant)
+                            and node.args[0].value == b"\n")
+            if splits_bytes or node.func.attr in ("readline", "readlines"):
+                found.append(f"{path.relative_to(GPUTUI.parent)}:{node.lineno}")
+    assert found == []

@@ -36,15 +36,15 @@ def _watch_stdin(group: Tree, grace_s: float) -> None:
     `kill` drops the grace: SIGKILL now when a stop is under way (a further Ctrl-C), else SIGTERM
     and SIGKILL a second later (the group has checkpointed and only waits for peers that are
     gone). EOF (the master is gone or done with us) stops the tree."""
-    buffer = b""
+    from gputui.model.lines import LineSplitter
+
+    commands = LineSplitter(64)  # "stop" or "kill": a longer line is no command of the master's
     try:
         while True:
             data = os.read(0, 4096)
             if not data:
                 break
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
+            for line in commands.feed(data):
                 if line.strip() == b"kill":
                     _in_thread(group.kill if group.stopping else lambda: group.stop(1.0))
                 elif line.strip() == b"stop":

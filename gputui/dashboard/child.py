@@ -3,7 +3,7 @@ exactly what the headless engine does.
 
 Given a run directory (what the dashboard does), the child is its own: a session of its own,
 stdout to /dev/null, stderr to the run directory's stderr.log, and the dashboard follows the
-run's events.jsonl (gputui.dashboard.follow), as it follows a run it did not start. So the
+run's events.jsonl (gputui.runs.follow), as it follows a run it did not start. So the
 run can outlive the dashboard (quit, "keep it running") and be attached to again. Without a
 run directory, its events come on stdout, one JSON line each, and its last error line on stderr.
 
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gputui.runs import store as runs
 from gputui.model import units
-from gputui.dashboard.follow import Follower
+from gputui.runs.follow import Follower
 from gputui.model.events import typed
 from gputui.model import outside
 from gputui.model.text import clean, clean_tree

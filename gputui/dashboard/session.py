@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gputui.runs import store as runs
-from gputui.dashboard.follow import Follower
+from gputui.runs.follow import Follower
 from gputui.dashboard.training import TrainingState
 from gputui.model.text import clean_tree
 

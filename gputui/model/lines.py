@@ -28,6 +28,7 @@ class LineSplitter:
         self.scanned = 0  # bytes searched for a newline: each byte once (`fed`), never the buffer again
         self.cut = 0  # lines cut (with a marker) or dropped (without)
         self.line_start = 0  # where the line not yet ended starts, in bytes fed (all before it is split)
+        self.ends: list[int] = []  # where each line the last feed() returned ended, in bytes fed (after its newline)
 
     @property
     def held(self) -> int:
@@ -38,6 +39,7 @@ class LineSplitter:
         """The lines that `data` completes (and, with a marker, an over-long line cut as soon as
         it passes `max_line`, before its newline comes)."""
         out: list[bytes] = []
+        self.ends = []
         self.fed += len(data)
         start, n = 0, len(data)
         while start < n:
@@ -54,7 +56,9 @@ class LineSplitter:
                 self._skipping = False  # and its newline is here
             else:
                 out.append(self._take(data[start:nl]))
+            self.ends.extend([self.line_start] * (len(out) - len(self.ends)))
             start = nl + 1
+        self.ends.extend([self.fed] * (len(out) - len(self.ends)))  # a line cut before its newline came
         return out
 
     def finish(self) -> bytes | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gputui.model.errors import GputuiError, UserError
+from gputui.model.lines import LineSplitter, cut_marker
 from gputui.runs.store import CHECKPOINT, MAX_CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.base import WorkerGone
@@ -138,7 +139,7 @@ class SSHHandle:
             raise WorkerGone(f"host {self.host.name}: {exc or type(exc).__name__}") from None
 
     def lines(self) -> Iterator[str]:
-        buffer = b""
+        lines = LineSplitter(protocol.MAX_LINE)  # a torn, over-long line is dropped: not a message
         self.channel.settimeout(READ_TIMEOUT_S)
         while True:
             try:
@@ -154,17 +155,14 @@ class SSHHandle:
             if not data:
                 if not self._killed:
                     self._after_eof()
-                if buffer.strip():
-                    yield buffer.decode("utf-8", errors="replace")
+                tail = lines.finish()
+                if tail is not None and tail.strip():
+                    yield tail.decode("utf-8", errors="replace")
                 return
-            buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
+            for line in lines.feed(data):
                 if b'"op":"result"' in line:
                     self._current = None  # the trial ended: nothing to pull back for it
                 yield line.decode("utf-8", errors="replace") + "\n"
-            if len(buffer) > protocol.MAX_LINE:
-                buffer = b""  # a torn, over-long line: not a message
 
     def kill(self) -> None:
         """Kill the worker's process group on the host (when it is reachable), then drop the channel."""
@@ -221,7 +219,7 @@ class SSHHandle:
             time.sleep(0.05)
 
     def _read_stderr(self) -> None:
-        buffer = b""
+        lines = LineSplitter(4000, cut_marker(4000))  # the worker's stderr: a line past 4000 bytes is cut
         try:
             while True:
                 try:
@@ -230,9 +228,7 @@ class SSHHandle:
                     continue
                 if not data:
                     break
-                buffer += data
-                while b"\n" in buffer:
-                    raw, buffer = buffer.split(b"\n", 1)
+                for raw in lines.feed(data):
                     line = raw.decode("utf-8", errors="replace")
                     if line.startswith(PID_TAG) and self._remote_pid is None:
                         pid = line[len(PID_TAG):].strip()
@@ -240,7 +236,6 @@ class SSHHandle:
                         self._pid_known.set()
                     else:
                         self._tail.append(line[:500])
-                buffer = buffer[-4000:]
         except Exception:  # noqa: BLE001 - the connection is gone: lines() says so
             pass
         finally:

@@ -24,11 +24,13 @@ from typing import Any, Callable, Mapping
 
 from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
+from gputui.model.lines import LineSplitter
 from gputui.runs.store import RunDir
 from gputui.model.supervisor import STOP_SIGNALS, Tree, become_subreaper
 from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, release, serve_store
 
 LAUNCHER_LOG = "launcher.log"
+READ_CHUNK = 1 << 20  # bytes of rank 0's events read at a time
 
 
 def torchrun_command(run: RunDir, nproc: int, resume: bool, rdzv_port: int) -> list[str]:
@@ -110,7 +112,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     last: dict[str, Any] | None = None
     tally = outside.Tally(f"the events file {run.events}")
-    buffer = b""
+    lines = LineSplitter(outside.MAX_LINE)  # rank 0's events, a line at most MAX_LINE (longer: dropped)
     looked = time.monotonic()
     try:
         with open(run.events, "ab+") as fh:
@@ -120,11 +122,9 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
                 if time.monotonic() - looked > 1.0:  # remember the workers while torchrun still shows them
                     tree.refresh()
                     looked = time.monotonic()
-                chunk = fh.read()
+                chunk = fh.read(READ_CHUNK)
                 if chunk:
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    last = show_lines(lines, show, tally) or last
+                    last = show_lines(lines.feed(chunk), show, tally) or last
                 elif finished:
                     break
                 else:

@@ -19,7 +19,7 @@ from textual.message import Message
 
 from gputui.runs import store as runs
 from gputui.dashboard.child import TrainingChild
-from gputui.dashboard.follow import Follower
+from gputui.runs.follow import Follower
 from gputui.dashboard.session import Refused
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.model.errors import GputuiError

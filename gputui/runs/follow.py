@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gputui.model import outside
+from gputui.model.lines import LineSplitter
 from gputui.model.text import clean_tree
 
 POLL_S = 0.4  # the screen shows a followed run 2.5 times a second: what a reader takes in, at a bounded cost
@@ -39,8 +40,8 @@ class Follower:
         self.interval_s = interval_s
         self.max_read = max_read
         self.max_line = max_line
-        self._partial = b""
-        self._skipping = False  # inside an over-long line: drop bytes up to its end
+        self._origin = start  # where the splitter's byte count starts in the file
+        self._lines = LineSplitter(max_line)  # bounded: a line past max_line is dropped, counted
         self._stop = threading.Event()
         try:
             self.history_end = path.stat().st_size
@@ -65,29 +66,15 @@ class Follower:
         except OSError:  # not written yet (a run still importing torch), or unreadable for now
             self.last_read = 0
             return []
-        out: list[tuple[dict[str, Any], bool]] = []
-        end = self.offset
         self.offset += len(data)
         self.last_read = len(data)
-        lines = data.split(b"\n")
-        tail = lines.pop()  # after the last newline: a line still being written ('' if none)
-        for line in lines:
-            end += len(line) + 1
-            if self._skipping:
-                self._skipping = False
-                self.dropped += 1
-                continue
-            whole = self._partial + line
-            self._partial = b""
-            event = self._parse(whole) if whole.strip() else None
+        cut = self._lines.cut
+        out: list[tuple[dict[str, Any], bool]] = []
+        for line, end in zip(self._lines.feed(data), self._lines.ends):  # the run store's splitter
+            event = self._parse(line) if line.strip() else None
             if event is not None:
-                out.append((event, end < self.history_end))
-        if self._skipping:
-            return out
-        self._partial += tail
-        if len(self._partial) > self.max_line:
-            self._partial = b""
-            self._skipping = True
+                out.append((event, self._origin + end < self.history_end))
+        self.dropped += self._lines.cut - cut  # lines too long to be an event of ours
         return out
 
     def _parse(self, line: bytes) -> dict[str, Any] | None:
