@@ -153,6 +153,9 @@ def test_a_refused_or_failing_kill_is_one_line_in_the_events() -> None:
         await pilot.press("P", "I", "s")
         await wait_for(pilot, lambda: "kill refused: pid 100 on alpha belongs to alice" in log_text(app))
         source.kill_answer = OSError("connection reset")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProcessScreen)
+                       and not [w for w in app.workers if w.name == "process-signal" and not w.is_finished],
+                       what="the process table back on top, its first kill's worker done")
         await pilot.press("I", "s")
         await wait_for(pilot, lambda: "kill failed: pid 100 on alpha: connection reset" in log_text(app))
         assert source.kills == [("alpha", 100, "INT")] * 2

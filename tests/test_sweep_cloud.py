@@ -119,7 +119,7 @@ def test_a_spot_notice_ends_the_cloud_worker_and_its_trial_runs_again_elsewhere(
     cloud.imds_url = imds.url
     slots = cloud.start()
     spot = slots[0]
-    sim = SimSlot("sim")
+    sim = SimSlot("sim", gate=imds.served)  # its trials end once the notice was served: the sweep waits for it
     noticed: list[int] = []
 
     def on_eval(trial: int, slot: str) -> None:  # the spot market takes the slave back mid-trial
