@@ -149,14 +149,20 @@ def test_a_refused_or_failing_kill_is_one_line_in_the_events() -> None:
     failures: list[Any] = []
 
     async def scenario(pilot: Any) -> None:
+        async def interrupt_the_selected_process() -> None:  # each key once what it acts on is there
+            await wait_for(pilot, lambda: isinstance(app.screen, ProcessScreen) and bool(shown_pids(app))
+                           and not [w for w in app.workers if w.name == "process-signal" and not w.is_finished],
+                           what="the process table on top with its rows, no kill under way")
+            await pilot.press("I")
+            await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="the question before SIGINT")
+            await pilot.press("s")
+
         await wait_for(pilot, lambda: app.hosts_polls >= 1)
-        await pilot.press("P", "I", "s")
+        await pilot.press("P")
+        await interrupt_the_selected_process()
         await wait_for(pilot, lambda: "kill refused: pid 100 on alpha belongs to alice" in log_text(app))
         source.kill_answer = OSError("connection reset")
-        await wait_for(pilot, lambda: isinstance(app.screen, ProcessScreen)
-                       and not [w for w in app.workers if w.name == "process-signal" and not w.is_finished],
-                       what="the process table back on top, its first kill's worker done")
-        await pilot.press("I", "s")
+        await interrupt_the_selected_process()
         await wait_for(pilot, lambda: "kill failed: pid 100 on alpha: connection reset" in log_text(app))
         assert source.kills == [("alpha", 100, "INT")] * 2
         failures.extend(w for w in app.workers if w.error is not None)
