@@ -6,12 +6,13 @@ run only on CUDA."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Iterator
 
 import pytest
 import torch
 
 from gputui.train import nets
-from gputui.train.graphstep import WARMUP_STEPS, GraphStep, graph_optimizer
+from gputui.train.graphstep import WARMUP_STEPS, GraphFault, GraphStep, graph_optimizer
 from gputui.train.step import EagerStep
 
 N, BATCH, CLASSES = 1024, 64, 10
@@ -122,7 +123,9 @@ def test_a_failed_capture_falls_back_to_eager_steps_with_one_report() -> None:
     assert _max_diff(ref, gs.model) < 1e-5
 
 
-def test_a_failed_replay_falls_back_and_the_step_still_runs() -> None:
+def test_a_failed_replay_falls_back_and_the_step_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeCuda(monkeypatch)  # torch.cuda.device on the CPU
+
     class BrokenGraph:
         def replay(self) -> None:
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
@@ -140,30 +143,154 @@ def test_a_failed_replay_falls_back_and_the_step_still_runs() -> None:
     assert _max_diff(ref, gs.model) < 1e-5
 
 
+class FakeCuda:
+    """A stand-in for torch.cuda's graph API on the CPU that records what the step does: the
+    current device (entered/left), the current stream, captures and replays. A captured graph's
+    replay runs the step's body (what a real graph's kernels do) unless `empty` (a graph captured
+    on another device's stream); `end_raises` makes capture_end() raise as torch's does, before
+    it restores the stream; `sync_raises` makes the next stream sync raise (a replay's fault)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log: list[str] = []
+        self.device_depth = 0
+        self.stream = "default"
+        self.graphs: list[Any] = []
+        self.empty = self.end_raises = self.sync_raises = False
+        self.step_fn: GraphStep | None = None
+        fake = self
+
+        class Graph:
+            def __init__(self) -> None:
+                self.replays = 0
+                self.released = False
+                fake.graphs.append(self)
+
+            def capture_end(self) -> None:
+                if fake.end_raises:
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+            def replay(self) -> None:
+                fake.log.append(f"replay on device={fake.device_depth > 0}")
+                self.replays += 1
+                if not fake.empty:
+                    assert fake.step_fn is not None
+                    fake.step_fn.body()
+
+            def reset(self) -> None:
+                self.released = True
+
+        @contextlib.contextmanager
+        def graph(g: Graph) -> Iterator[None]:
+            fake.log.append(f"capture on device={fake.device_depth > 0}")
+            fake.stream = "capture"
+            yield  # the body runs here (on the CPU its kernels run now; on CUDA they are recorded)
+            g.capture_end()  # raises before the stream is put back, as torch.cuda.graph.__exit__
+            fake.stream = "default"
+
+        @contextlib.contextmanager
+        def device(dev: Any) -> Iterator[None]:
+            fake.device_depth += 1
+            try:
+                yield
+            finally:
+                fake.device_depth -= 1
+
+        class Stream:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def __eq__(self, other: object) -> bool:
+                return isinstance(other, Stream) and other.name == self.name
+
+            def synchronize(self) -> None:
+                fake.log.append(f"sync on device={fake.device_depth > 0}")
+                if fake.sync_raises:
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        def set_stream(stream: Stream) -> None:
+            fake.stream = stream.name
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "device", device)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: Stream(fake.stream))
+        monkeypatch.setattr(torch.cuda, "set_stream", set_stream)
+
+    def step(self, reports: list[str] | None = None) -> GraphStep:
+        x, y = _data()
+        model = _model()
+        self.step_fn = GraphStep(model, graph_optimizer("adam", model.parameters(), _lr(0), x.device), x, y, BATCH,
+                                 L1, capacity=STEPS_PER_EPOCH, capture=True,
+                                 on_fallback=(reports if reports is not None else []).append)
+        return self.step_fn
+
+
 def test_after_the_warm_up_one_step_captures_the_graph_and_replays_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The control flow of a capture that works, on the CPU: torch.cuda's graph is a stand-in that
-    counts. The step after the warm-up captures once and replays what it captured (that is the
-    step); every later step only replays."""
-    made: list[FakeGraph] = []
-
-    class FakeGraph:
-        def __init__(self) -> None:
-            self.replays = 0
-            made.append(self)
-
-        def replay(self) -> None:
-            self.replays += 1
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
-    x, y = _data()
-    model = _model()
-    gs = GraphStep(model, graph_optimizer("adam", model.parameters(), _lr(0), x.device), x, y, BATCH, L1,
-                   capacity=STEPS_PER_EPOCH, capture=True)
+    """The control flow of a capture that works, on the CPU: the step after the warm-up captures
+    once and replays what it captured (that is the step); every later step only replays; capture,
+    replay and sync all run with the graph's device current (cuda:N, N > 0, captured nothing)."""
+    fake = FakeCuda(monkeypatch)
+    gs = fake.step()
     for step, idx in _batches(WARMUP_STEPS + 3):
         gs(step, idx, _lr(step))
-    assert len(made) == 1 and gs.graph is made[0] and gs.impl == "graph" and gs.failed is None
-    assert made[0].replays == 3 and gs.eager_steps == WARMUP_STEPS
+    rows = gs.take()
+    assert len(fake.graphs) == 1 and gs.graph is fake.graphs[0] and gs.impl == "graph" and gs.failed is None
+    assert fake.graphs[0].replays == 3 and gs.eager_steps == WARMUP_STEPS
+    assert rows.shape == (WARMUP_STEPS + 3, 2)
+    assert fake.log == ["capture on device=True"] + ["replay on device=True"] * 3 + ["sync on device=True"]
+    assert fake.stream == "default"
+
+
+def test_a_replay_that_does_not_move_the_weights_falls_back_at_the_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty graph (captured on another device's stream): the once-per-run check after the first
+    replay sees no weight move, reports the fallback with its step, and that step runs eagerly
+    (one row for it, not two)."""
+    fake = FakeCuda(monkeypatch)
+    fake.empty = True
+    reports: list[str] = []
+    gs = fake.step(reports)
+    for step, idx in _batches(WARMUP_STEPS + 3):
+        gs(step, idx, _lr(step))
+    assert reports == ["capture failed: the first replay did not change the weights (an empty graph)"]
+    assert gs.failed_at == WARMUP_STEPS and gs.graph is None and gs.impl == "eager"
+    assert fake.graphs[0].released and fake.graphs[0].replays == 1
+    assert gs.take().shape == (WARMUP_STEPS + 3, 2)
+    assert gs.eager_steps == WARMUP_STEPS + 3
+
+
+def test_a_capture_that_fails_in_capture_end_puts_the_stream_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.graph's __exit__ raises in capture_end() before it restores the stream: the step
+    puts the stream back, releases the graph's pool and goes on eagerly."""
+    fake = FakeCuda(monkeypatch)
+    fake.end_raises = True
+    reports: list[str] = []
+    gs = fake.step(reports)
+    for step, idx in _batches(WARMUP_STEPS + 2):
+        gs(step, idx, _lr(step))
+    assert fake.stream == "default"
+    assert reports == ["capture failed: RuntimeError: CUDA error: operation failed due to a previous error during capture"]
+    assert gs.failed_at == WARMUP_STEPS and fake.graphs[0].released and gs.impl == "eager"
+
+
+def test_a_fault_seen_at_the_sync_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay's fault surfaces at the next sync (take): the same fallback, reported once, and a
+    GraphFault telling the caller how many steps' rows are lost (it goes back to its last good
+    state); the next steps run eagerly and take reads them."""
+    fake = FakeCuda(monkeypatch)
+    reports: list[str] = []
+    gs = fake.step(reports)
+    batches = list(_batches(WARMUP_STEPS + 4))
+    for step, idx in batches[: WARMUP_STEPS + 2]:
+        gs(step, idx, _lr(step))
+    fake.sync_raises = True
+    with pytest.raises(GraphFault) as caught:
+        gs.take()
+    assert caught.value.steps == WARMUP_STEPS + 2
+    assert reports == ["replay failed at sync: RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert gs.graph is None and gs.impl == "eager"
+    for step, idx in batches[WARMUP_STEPS + 2 :]:
+        gs(step, idx, _lr(step))
+    assert gs.take().shape == (2, 2)
 
 
 def test_a_resumed_optimizer_gets_the_tensor_learning_rate_back() -> None:
@@ -183,6 +310,7 @@ def test_an_optimizer_with_a_float_rate_is_refused() -> None:
         GraphStep(model, torch.optim.Adam(model.parameters(), lr=0.1), x, y, BATCH, L1, capacity=4)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_replays_what_the_eager_body_computes() -> None:
     torch.backends.cudnn.allow_tf32 = False

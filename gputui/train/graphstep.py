@@ -14,11 +14,22 @@ captured once, and every later step is two small copies and one replay. Elsewher
 a capture or replay that fails, `body()` runs eagerly: the same arithmetic, so the CPU tests
 check the buffer logic the graph replays, and a failure costs speed, never the run. The
 failure is reported once through `on_fallback` (the trainer emits a `fallback` event).
+
+Capture and replay run under `torch.cuda.device(x.device)`: without it a run on `cuda:N`
+(N > 0) captures on device 0's stream while its kernels go to device N, an empty graph. The
+first replay is checked once (a small parameter must move): a replay that moves nothing falls
+back. A capture that fails part-way (`torch.cuda.graph.__exit__` raises in `capture_end()`
+before it restores the stream) has its stream put back here. A fault inside a replay surfaces
+at the next sync: `take()` syncs in a `try` and turns it into the same fallback, raising
+`GraphFault` so the caller goes back to its last good state (the weights after a faulted
+replay are not to be trusted).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +48,15 @@ def graph_optimizer(name: str, params: Any, lr: float, device: torch.device, bet
         return torch.optim.Adam(params, lr=rate, betas=betas, weight_decay=weight_decay, fused=True,
                                 capturable=device.type == "cuda")
     return torch.optim.SGD(params, lr=rate, momentum=momentum, weight_decay=weight_decay, fused=True)
+
+
+class GraphFault(RuntimeError):
+    """A replay's fault seen at the sync after it: the step has fallen back to eager; the caller
+    puts its last good state back (`reason` as the fallback reported it, `steps` the rows lost)."""
+
+    def __init__(self, reason: str, steps: int) -> None:
+        super().__init__(reason)
+        self.reason, self.steps = reason, steps
 
 
 class GraphStep:
@@ -60,6 +80,7 @@ class GraphStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_steps = 0
         self.failed: str | None = None
+        self.failed_at: int | None = None  # the 0-based step whose capture or replay failed
 
     def _tensor_lr(self) -> torch.Tensor:
         lr = self.optimizer.param_groups[0]["lr"]
@@ -87,19 +108,28 @@ class GraphStep:
         self.pending += 1
         if self.graph is not None:
             try:
-                self.graph.replay()
+                with self._on_device():
+                    self.graph.replay()
                 return
             except RuntimeError as exc:  # a launch error raises before the kernels run
-                self._fall_back(f"replay failed: {_line(exc)}")
+                self._fall_back(f"replay failed: {_line(exc)}", step)
         elif self.capture and self.eager_steps >= WARMUP_STEPS:
-            graph = self._capture()
-            if graph is not None:
-                graph.replay()
+            if self._capture(step):
                 return
         self._eager()
 
     def take(self) -> torch.Tensor:
         n = self.pending
+        if self.graph is not None:  # a replay's fault surfaces at the sync: here, inside the try
+            try:
+                with self._on_device():
+                    torch.cuda.current_stream(self.x.device).synchronize()
+            except RuntimeError as exc:
+                reason = f"replay failed at sync: {_line(exc)}"
+                self.pos.zero_()
+                self.pending = 0
+                self._fall_back(reason, None)
+                raise GraphFault(reason, n) from exc
         rows = self.losses[:n].clone()
         self.pos.zero_()
         self.pending = 0
@@ -135,25 +165,62 @@ class GraphStep:
             self.body()
         self.eager_steps += 1
 
-    def _capture(self) -> torch.cuda.CUDAGraph | None:
-        """The captured graph (kept in self.graph), or None after falling back to eager steps."""
+    def _on_device(self) -> contextlib.AbstractContextManager[Any]:
+        """The graph's device made current (capture and replay): see the module's docstring."""
+        return torch.cuda.device(self.x.device)
+
+    def _capture(self, step: int) -> bool:
+        """Capture, then replay once (this step) and check that it moved the weights. False after
+        falling back to eager steps (the step is then still to run)."""
+        graph: Any = None
+        before: Any = None
         try:
             graph = torch.cuda.CUDAGraph()
-            self.optimizer.zero_grad(set_to_none=True)
-            with torch.cuda.graph(graph):
-                self.body()
+            with self._on_device():
+                stream = torch.cuda.current_stream(self.x.device)
+                try:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    with torch.cuda.graph(graph):
+                        self.body()
+                finally:  # a capture_end() that raises leaves the capture stream current
+                    if torch.cuda.current_stream(self.x.device) != stream:
+                        torch.cuda.set_stream(stream)
+                probe = self._probe()
+                before = probe.detach().clone()
+                graph.replay()
+                moved = not torch.equal(before, probe)  # one sync, once per run
         except Exception as exc:  # noqa: BLE001 - any capture failure means: go on eagerly
-            self._fall_back(f"capture failed: {_line(exc)}")
-            return None
+            _release(graph)
+            self._fall_back(f"capture failed: {_line(exc)}", step)
+            return False
+        if not moved and float(self.lr) != 0.0:
+            _release(graph)
+            self.pos.fill_(self.pending - 1)  # the eager step writes this step's row, once
+            self._fall_back("capture failed: the first replay did not change the weights (an empty graph)", step)
+            return False
         self.graph = graph
-        return graph
+        return True
 
-    def _fall_back(self, reason: str) -> None:
+    def _probe(self) -> torch.Tensor:
+        """The smallest trained parameter: what the once-per-run replay check compares."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return min(params, key=lambda p: p.numel())
+
+    def _fall_back(self, reason: str, step: int | None) -> None:
         self.graph = None
         self.failed = reason
+        self.failed_at = step
         self.capture = False
         self.impl = "eager"
         self.on_fallback(reason)
+
+
+def _release(graph: Any) -> None:
+    """Give a failed graph's memory pool back (best effort: the failure may have left it unusable)."""
+    reset = getattr(graph, "reset", None)
+    if reset is not None:
+        with contextlib.suppress(Exception):
+            reset()
 
 
 def _line(exc: BaseException) -> str:
