@@ -79,8 +79,10 @@ def test_sigterm_checkpoints_exits_0_and_resume_matches_an_uninterrupted_run(
 
 def test_sigkill_resumes_from_the_last_epoch(small_data: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    with start("run", "--json", "--data", str(small_data), *TRAIN, "--run-dir", str(run_dir),
-               pause_at=STEPS + 5) as child:
+    profile = tmp_path / "every_epoch.toml"  # a checkpoint at every epoch end (the default waits 5 s)
+    profile.write_text('[run]\nmodel = "seed"\ndevice = "auto"\ncheckpoint_every_s = 0\n')
+    with start("run", "--json", "--profile", str(profile), "--data", str(small_data), *TRAIN, "--run-dir",
+               str(run_dir), pause_at=STEPS + 5) as child:
         # Epoch 1's checkpoint is written before its epoch event; the kill comes inside epoch 2.
         child.wait_for(lambda e: e["event"] == "step" and e["step"] == STEPS + 5, 240, "a step inside epoch 2")
         child.proc.kill()

@@ -200,7 +200,7 @@ def test_a_remote_worker_killed_mid_trial_hands_its_checkpoint_back_and_the_retr
 
     server = cluster_nodes.node(2)
     trust(gputui_home, server)
-    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 3\n\n'
+    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 3\ncheckpoint_every_s = 0\n\n'
             f'{host_table(server, cluster_nodes.user_key, "n2")}\n'
             '[sweep]\nname = "ck"\ntrials = 3\nthreads = 1\npruner = "none"\nlr = [1e-3, 3e-2]\n')
     profile, spec = parse_text(text, tmp_path / "ck.toml")

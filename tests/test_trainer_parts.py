@@ -198,3 +198,81 @@ def test_epoch_permutation_takes_any_seed(seed: int) -> None:
     assert sorted(perm.tolist()) == list(range(50))
     assert torch.equal(perm, epoch_permutation(seed, 11, 50))
     assert not torch.equal(perm, epoch_permutation(seed, 12, 50))
+
+
+# -- checkpoints by time (issue 29 fix 5) --------------------------------------------------------
+@pytest.mark.parametrize(("every", "writes"), [(3600.0, 1), (0.0, 3)])
+def test_epoch_end_checkpoints_follow_checkpoint_every_s(small_data: Path, tmp_path: Path, one_thread: None,
+                                                         monkeypatch: pytest.MonkeyPatch, every: float,
+                                                         writes: int) -> None:
+    """checkpoint_every_s large: a 3-epoch run writes one checkpoint (at its end); 0: one per epoch."""
+    saved: list[int] = []
+    real = checkpoint.save
+    monkeypatch.setattr(checkpoint, "save", lambda path, state: (saved.append(state["epoch"]), real(path, state)))
+    got: list[dict[str, Any]] = []
+    trainer = make_trainer(small_data, tmp_path / "r", got, epochs=3, checkpoint_every_s=every)
+    assert trainer.train() == "done"
+    assert len(saved) == writes, saved
+    assert saved[-1] == 3  # the last one is the run's end
+    assert checkpoint.load(trainer.run.checkpoint)["epoch"] == 3
+
+
+# -- one host sync per step event (issue 29 fix 4) -----------------------------------------------
+def test_a_step_event_costs_one_host_sync(small_data: Path, tmp_path: Path, one_thread: None,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way the loop waits for the device (a device sync, .item(), .tolist(), .cpu()) is
+    counted while each step event is made: exactly one each."""
+    from gputui.train import devices, meter
+
+    syncs = [0]
+
+    def counting(real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            syncs[0] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    for name in ("item", "tolist", "cpu"):
+        monkeypatch.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+    monkeypatch.setattr(meter, "synchronize", counting(meter.synchronize))
+    monkeypatch.setattr(devices, "synchronize", counting(devices.synchronize))
+    got: list[dict[str, Any]] = []
+    trainer = make_trainer(small_data, tmp_path / "r", got, epochs=2, batch_size=16)
+    per_report: list[int] = []
+    real_report = trainer._report_step
+
+    def report(pace: Any) -> None:
+        before = syncs[0]
+        real_report(pace)
+        per_report.append(syncs[0] - before)
+
+    monkeypatch.setattr(trainer, "_report_step", report)
+    assert trainer.train() == "done"
+    assert len(per_report) == len(of(got, "step")) >= 2 * MIN_STEP_EVENTS
+    assert set(per_report) == {1}, per_report
+
+
+def test_the_last_good_snapshot_is_refreshed_in_place_and_equals_a_copy(small_data: Path, tmp_path: Path,
+                                                                        one_thread: None) -> None:
+    """LastGood reuses its snapshots' tensors (no allocation per report) and holds what a copy would."""
+    from gputui.train.meter import LastGood
+
+    got: list[dict[str, Any]] = []
+    trainer = make_trainer(small_data, tmp_path / "r", got, epochs=1, optimizer="adam")
+    good = LastGood(trainer.state())
+    idx = torch.arange(16)
+    buffers: list[set[int]] = []
+    for step in range(4):
+        trainer.step_fn(step, idx, 1e-3)
+        trainer.step += 1
+        good.read(1, trainer.state)
+        assert good.candidate is not None
+        buffers.append({t.data_ptr() for t in good.candidate["model"].values()})
+    assert buffers[3] == buffers[1] and buffers[2] != buffers[3]  # two snapshots, taken in turn
+    now = trainer.state()
+    assert good.candidate["step"] == now["step"] == 4
+    for key, value in now["model"].items():
+        assert torch.equal(good.candidate["model"][key], value) and good.candidate["model"][key] is not value
+    for pid, saved in now["optimizer"]["state"].items():
+        for k, v in saved.items():
+            assert torch.equal(good.candidate["optimizer"]["state"][pid][k], v)

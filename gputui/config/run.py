@@ -65,6 +65,9 @@ class RunConfig:
                               minimum=1, maximum=1024)
     cuda_graph: bool = key("bool", "single on CUDA: capture each training step as one CUDA graph (false: eager).",
                            True)
+    checkpoint_every_s: float = key("float", "Seconds between epoch-end checkpoints (0: every epoch); a run always "
+                                    "checkpoints on stop, on a spot notice and at its end.", 5.0, minimum=0,
+                                    maximum=86400)
 
     def to_toml(self) -> str:
         """The resolved profile, as a TOML document loadable by `load_profile`.

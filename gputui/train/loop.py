@@ -124,6 +124,7 @@ class Trainer:
         self.best_acc: float | None = None
         self.last_acc: float | None = None
         self.last_good = LastGood(self.state())  # where training begins is good (train() takes it again)
+        self._saved_at = time.monotonic()  # when a checkpoint was last written (cfg.checkpoint_every_s)
 
     def _fell_back(self, reason: str) -> None:
         self._emit("fallback", from_impl="graph", to_impl="eager", reason=reason, step=self.step,
@@ -156,6 +157,16 @@ class Trainer:
     def save(self) -> None:
         if self.is_leader:
             checkpoint.save(self.run.checkpoint, self.state())
+        self._saved_at = time.monotonic()
+
+    def _checkpoint_due(self) -> bool:
+        """At an epoch's end: checkpoint when `checkpoint_every_s` has passed since the last one (0:
+        at every epoch), and always at the last epoch (a stop, a spot notice's SIGTERM and a
+        divergence checkpoint on their own). Only rank 0 writes, so no rank waits on another's clock."""
+        every = self.cfg.checkpoint_every_s
+        if every <= 0 or self.epoch >= self.cfg.epochs:
+            return True
+        return time.monotonic() - self._saved_at >= every
 
     def _apply(self, state: dict[str, Any]) -> None:
         """Put a state (a checkpoint's, or a copy kept in memory) back into this trainer."""
@@ -237,7 +248,7 @@ class Trainer:
 
     def _report_step(self, pace: Pace) -> None:
         self._check()
-        loss, l1, rate = self.meter.lap()
+        loss, l1, rate = self.meter.lap(synced=True)  # _check's read of the losses was the report's one sync
         self._emit("step", epoch=self.epoch + 1, step=self.step, loss=None if loss is None else round(loss, 5),
                    l1=None if l1 is None else round(l1, 6), samples_per_s=round(rate, 1),
                    lr=self.schedule.at(self.step - 1), elapsed_s=round(self.meter.elapsed_s, 3))
@@ -253,7 +264,8 @@ class Trainer:
         train_loss, l1 = self.meter.end_epoch()
         self.epoch += 1
         self.batch = 0
-        self.save()
+        if self._checkpoint_due():
+            self.save()
         self.last_good.moved(self.state())
         self._emit("epoch", train_loss=None if train_loss is None else round(train_loss, 5),
                    l1=None if l1 is None else round(l1, 6), **fields)

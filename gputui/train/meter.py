@@ -13,7 +13,10 @@
 - `Pace` says when a step event is due: by a timer of training time that evaluations and
   epochs do not reset, and at least MIN_STEP_EVENTS times an epoch however fast it is;
   `eval_points` when the test split is evaluated (`evaluate`).
-- `LastGood` keeps the state a run that diverges goes back to (copies taken at the reads).
+- `LastGood` keeps the state a run that diverges goes back to (copies taken at the reads, into
+  two preallocated snapshots refreshed with one `torch._foreach_copy_`, no allocation and no sync).
+- A step event costs one host sync: the read of the losses (`host_values`), after which the
+  clock's lap needs no sync of its own (the work still queued then counts in the next window).
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
     return loss.item() / len(x), 100.0 * correct.item() / len(x)
 
 
+def host_values(values: torch.Tensor) -> list[list[float]]:
+    """The per-step loss rows read back to the host: a report's one host sync (tests count calls here)."""
+    return values.double().tolist()
+
+
 class Meter:
     """Training time, throughput and loss of one rank (`world` ranks in all)."""
 
@@ -125,7 +133,7 @@ class Meter:
             values = values.contiguous()
             tdist.all_reduce(values, op=tdist.ReduceOp.SUM)  # every rank reads at the same steps
             values = values / self.world
-        rows = values.double().tolist()  # the host sync
+        rows = host_values(values)  # the host sync
         for i, (ce, l1) in enumerate(rows):
             if not (math.isfinite(ce) and math.isfinite(l1)):
                 return len(rows), i
@@ -136,9 +144,12 @@ class Meter:
                 acc[2] += 1
         return len(rows), None
 
-    def lap(self) -> tuple[float | None, float | None, float]:
-        """(mean loss, mean L1 term, samples/s) since the last step event; starts the next window."""
-        synchronize(self.device)
+    def lap(self, synced: bool = False) -> tuple[float | None, float | None, float]:
+        """(mean loss, mean L1 term, samples/s) since the last step event; starts the next window.
+        `synced`: the caller has just waited for the device (a step event's read of its losses),
+        so no second sync; what was still queued then is timed in the next window."""
+        if not synced:
+            synchronize(self.device)
         now = time.perf_counter()
         if self._t0 is not None:
             self._window_s += now - self._t0
@@ -200,6 +211,58 @@ def copy_state(tree: Any) -> Any:
     return tree
 
 
+def _leaves(tree: Any, out: list[torch.Tensor]) -> None:
+    if isinstance(tree, torch.Tensor):
+        out.append(tree)
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            _leaves(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _leaves(v, out)
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    """Whether `a` (a snapshot) can take `b`'s tensors in place: the same keys, lengths and
+    tensor shapes, dtypes and devices."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and a.device == b.device)
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
+                and all(_same_layout(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (type(a) is type(b) and len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b)))
+    return True
+
+
+def _with_values(snap: Any, tree: Any) -> Any:
+    """`snap`'s tensors, `tree`'s other values (positions, accuracies, schedule numbers)."""
+    if isinstance(snap, torch.Tensor):
+        return snap
+    if isinstance(tree, dict):
+        return {k: _with_values(snap[k], v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_with_values(s, v) for s, v in zip(snap, tree))
+    return tree
+
+
+def refresh_state(snapshot: Any | None, tree: Any) -> Any:
+    """A copy of `tree` that reuses `snapshot`'s tensors when their layout matches (one
+    `torch._foreach_copy_`, no allocation), or a fresh deep copy when it does not (the first
+    time, or the optimizer's state appeared since)."""
+    if snapshot is None or not _same_layout(snapshot, tree):
+        return copy_state(tree)
+    dst: list[torch.Tensor] = []
+    src: list[torch.Tensor] = []
+    _leaves(snapshot, dst)
+    _leaves(tree, src)
+    with torch.no_grad():
+        if dst:
+            torch._foreach_copy_(dst, [t.detach() for t in src])
+    return _with_values(snapshot, tree)
+
+
 class LastGood:
     """The last state known good, for a run whose loss stops being finite.
 
@@ -215,12 +278,14 @@ class LastGood:
     def read(self, rows: int, state: Callable[[], dict[str, Any]]) -> None:
         """A read of `rows` steps, all finite; `state()` is the trainer's state now."""
         if rows:
-            self.good = self.candidate or self.good
-            self.candidate = copy_state(state())
+            spare = None
+            if self.candidate is not None:  # the candidate is good now; the old good's tensors are free
+                self.good, spare = self.candidate, self.good
+            self.candidate = refresh_state(spare, state())
 
     def moved(self, state: dict[str, Any]) -> None:
         """The state changed without a step (an epoch closed): copy it afresh."""
-        self.candidate = copy_state(state)
+        self.candidate = refresh_state(self.candidate, state)
 
     def before(self, bad: int) -> dict[str, Any]:
         """The state to go back to when row `bad` of a read is the first not finite."""
