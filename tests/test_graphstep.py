@@ -310,24 +310,41 @@ def test_an_optimizer_with_a_float_rate_is_refused() -> None:
         GraphStep(model, torch.optim.Adam(model.parameters(), lr=0.1), x, y, BATCH, L1, capacity=4)
 
 
+@pytest.fixture
+def no_tf32() -> Iterator[None]:
+    """TF32 off for the test, and the global flags as they were after it."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_graph_replays_what_the_eager_body_computes() -> None:
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_cuda_graph_replays_what_the_eager_body_computes(no_tf32: None) -> None:
+    """3 warm-up steps, a capture and 20 replays: the same rows and weights as eager steps, and
+    the weights move between the first replay and the last."""
+    steps = WARMUP_STEPS + 21
     out = []
     for capture in (False, True):
         x, y = _data("cuda")
         model = _model("cuda")
         gs = GraphStep(model, graph_optimizer("adam", model.parameters(), _lr(0), x.device), x, y, BATCH, L1,
-                       capacity=STEPS_PER_EPOCH, capture=capture)
-        rows = []
-        for step, idx in _batches(WARMUP_STEPS + 6, device="cuda"):
+                       capacity=STEPS_PER_EPOCH + 8, capture=capture)
+        after_capture: list[torch.Tensor] = []
+        for step, idx in _batches(steps, device="cuda"):
             gs(step, idx, _lr(step))
+            if step == WARMUP_STEPS:
+                after_capture = [p.detach().clone() for p in model.parameters()]
         rows = gs.take().tolist()
-        out.append((gs, rows))
-    (eager, eager_rows), (graph, graph_rows) = out
+        out.append((gs, rows, after_capture))
+    (eager, eager_rows, _), (graph, graph_rows, captured) = out
     assert graph.graph is not None and graph.failed is None and graph.impl == "graph"
+    assert graph.eager_steps == WARMUP_STEPS and len(graph_rows) == steps
+    assert max((p - q).abs().max().item() for p, q in zip(graph.model.parameters(), captured)) > 0, \
+        "20 replays left the weights where the capture's step did"
     assert torch.tensor(graph_rows) == pytest.approx(torch.tensor(eager_rows), rel=1e-4)
     assert _max_diff(eager.model, graph.model) < 1e-4
 
