@@ -136,7 +136,7 @@ def gputui_fast(seed: int, device: str = "cpu") -> dict[str, Any]:
         return {"seed": seed, "error": f"exit {code}: {err}", "wall_s": round(wall, 3)}
     evals = [e for e in events if e["event"] in ("eval", "epoch")]
     first = next((e["elapsed_s"] for e in evals if e["test_acc"] >= TARGET), None)
-    start = next((e for e in events if e["event"] == "start"), {})
+    start: dict[str, Any] = next((e for e in events if e["event"] == "start"), {})
     warmup = float(start.get("warmup_s", 0.0))
     warm = {"time_to_99_s": first, "final_acc": done["test_acc"], "train_s": done["elapsed_s"]}
     cold = {"time_to_99_s": None if first is None else round(first + warmup, 3), "final_acc": done["test_acc"],
