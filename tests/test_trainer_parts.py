@@ -276,3 +276,59 @@ def test_the_last_good_snapshot_is_refreshed_in_place_and_equals_a_copy(small_da
     for pid, saved in now["optimizer"]["state"].items():
         for k, v in saved.items():
             assert torch.equal(good.candidate["optimizer"]["state"][pid][k], v)
+
+
+# -- the warm-up is not training (issue 29 fix 1) ------------------------------------------------
+class SlowFirstCall:
+    """A Step whose first call (whatever its number) also sleeps: start-up work that costs time."""
+
+    def __init__(self, inner: Step, pause: float) -> None:
+        self.inner, self.pause, self.impl = inner, pause, inner.impl
+        self.first_call_s: float | None = None
+
+    def __call__(self, step: int, idx: torch.Tensor, lr: float) -> None:
+        if self.first_call_s is None:
+            import time
+
+            t0 = time.perf_counter()
+            time.sleep(self.pause)
+            self.inner(step, idx, lr)
+            self.first_call_s = time.perf_counter() - t0
+            return
+        self.inner(step, idx, lr)
+
+    def take(self) -> torch.Tensor:
+        return self.inner.take()
+
+
+def test_the_first_step_event_excludes_the_warm_up(small_data: Path, tmp_path: Path, one_thread: None) -> None:
+    """The step's first call is the warm-up before the clock: its cost is `warmup_s`, not `elapsed_s`."""
+    got: list[dict[str, Any]] = []
+    trainer = make_trainer(small_data, tmp_path / "r", got, epochs=1, batch_size=16)
+    slow = SlowFirstCall(trainer.step_fn, 0.5)
+    trainer.step_fn = slow
+    assert trainer.train() == "done"
+    assert slow.first_call_s is not None
+    first = of(got, "step")[0]
+    assert first["step"] == 1 and first["elapsed_s"] < slow.first_call_s, (first, slow.first_call_s)
+    assert of(got, "start")[0]["warmup_s"] >= round(slow.first_call_s, 3) - 0.001
+
+
+def test_the_warm_up_leaves_the_run_bit_identical(small_data: Path, tmp_path: Path, one_thread: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same seed with and without the warm-up step: the same weights, optimizer state and losses."""
+    def run(name: str) -> tuple[dict[str, Any], list[Any]]:
+        got: list[dict[str, Any]] = []
+        trainer = make_trainer(small_data, tmp_path / name, got, epochs=2, batch_size=16, optimizer="adam")
+        assert trainer.train() == "done"
+        return checkpoint.load(trainer.run.checkpoint), [(e["train_loss"], e["test_loss"]) for e in of(got, "epoch")]
+
+    warm, warm_losses = run("warm")
+    monkeypatch.setattr(Trainer, "_warm_up", lambda self: 0.0)
+    cold, cold_losses = run("cold")
+    assert warm_losses == cold_losses
+    for key, value in cold["model"].items():
+        assert torch.equal(warm["model"][key], value), key
+    for pid, saved in cold["optimizer"]["state"].items():
+        for k, v in saved.items():
+            assert torch.equal(warm["optimizer"]["state"][pid][k], v), (pid, k)

@@ -31,7 +31,8 @@ from gputui.config.run import RunConfig
 from gputui.runs.store import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset
-from gputui.train.meter import LastGood, Meter, Pace, eval_points, evaluate, step_event_interval
+from gputui.train.devices import synchronize
+from gputui.train.meter import LastGood, Meter, Pace, copy_state, eval_points, evaluate, step_event_interval
 from gputui.train.step import (Schedule, Step, epoch_permutation, keep_freed_memory, load_optimizer_state,  # noqa: F401
                                lr_at, make_optimizer, make_step, portable_state, to_device)  # (lr_at: a public name)
 
@@ -271,6 +272,28 @@ class Trainer:
                    l1=None if l1 is None else round(l1, 6), **fields)
         self.meter.start()
 
+    def _warm_up(self) -> float:
+        """One throwaway step before the training clock starts, so that one-time start-up work
+        (library set-up, first-use kernel loads and allocations, the graph step's first warm-up
+        step) is not timed as training; then the weights, optimizer state, RNG and position are
+        put back exactly as they were, so the run's results are those of a run without it.
+        Its duration goes into the `start` event (`warmup_s`). Skipped under DDP (0.0): a step
+        there is a collective every rank would have to take together. The step is numbered -1:
+        no test hook (a NaN or a stop at step N >= 1) fires on it."""
+        if self.dist is not None:
+            return 0.0
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        keep = copy_state(self.state())  # the live tensors change in the step: a copy
+        idx = torch.arange(self.cfg.batch_size, device=self.device)
+        self.step_fn(-1, idx, self.schedule.at(self.step))
+        self.step_fn.take()  # its losses are no run's
+        if isinstance(getattr(self.step_fn, "eager_steps", None), int):
+            setattr(self.step_fn, "eager_steps", 0)  # the graph step still takes its warm-up steps in the run
+        self._apply(keep)
+        synchronize(self.device)
+        return time.perf_counter() - t0
+
     def _pause_for_test(self) -> None:
         """The GPUTUI_TEST_PAUSE_AT_STEP hook: wait, the clock stopped, until a stop is asked."""
         self.meter.stop()
@@ -294,13 +317,14 @@ class Trainer:
         if resume:
             self.restore()
             resumed_from = self.step
+        warmup_s = self._warm_up()
         self._emit("start", run_id=self.run.run_id, model=cfg.model, device=str(self.device), strategy=cfg.strategy,
                    world_size=self.dist.world if self.dist else 1, epochs=cfg.epochs, batch_size=cfg.batch_size,
                    steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps, train_samples=self.n,
                    test_samples=len(self.test_x), num_classes=self.num_classes,
                    params=sum(p.numel() for p in self.model.parameters()), seed=cfg.seed,
                    resumed_from_step=resumed_from, run_dir=str(self.run.path), step_impl=self.step_fn.impl,
-                   schedule_from_step=self.schedule.from_step, **self.start_info)
+                   schedule_from_step=self.schedule.from_step, warmup_s=round(warmup_s, 3), **self.start_info)
         world, rank = (self.dist.world, self.dist.rank) if self.dist else (1, 0)
         share = cfg.batch_size // world
         pace = Pace(self.steps_per_epoch, STEP_EVENT_INTERVAL_S)
