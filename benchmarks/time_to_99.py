@@ -60,9 +60,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def public_recipe(seed: int, device_name: str = "cpu") -> dict[str, Any]:
+def public_recipe(seed: int, device_name: str = "cpu", data_dir: str | None = None) -> dict[str, Any]:
     """(a): one epoch of the public recipe, NCHW as published, eager PyTorch on `device_name`."""
-    data = load_dataset()
+    data = load_dataset(None if data_dir is None else Path(data_dir))
     device = torch.device(device_name)
     x, y = to_device(data.train_images, data.train_labels, device)
     x = x.contiguous()  # the published script uses the default (NCHW) layout
@@ -107,24 +107,25 @@ def _child(cmd: list[str]) -> tuple[int, str, str, float]:
     return out.returncode, out.stdout, tail, time.perf_counter() - t0
 
 
-def public_cold_warm(seed: int, device: str = "cpu") -> dict[str, Any]:
+def public_cold_warm(seed: int, device: str = "cpu", data: str | None = None) -> dict[str, Any]:
     """(a) in a fresh process, as (b) runs: `cold` its first run there (first-use costs inside its
     clock, as the published script has them), `warm` the same seed again in that process."""
     code, out, err, _ = _child([sys.executable, str(Path(__file__).resolve()), "--worker-public", str(seed),
-                                "--device", device])
+                                "--device", device, *(["--data", data] if data else [])])
     try:
         return {"seed": seed, **json.loads(out.strip().splitlines()[-1])}
     except (IndexError, ValueError):
         return {"seed": seed, "error": f"exit {code}: {err}"}
 
 
-def gputui_fast(seed: int, device: str = "cpu") -> dict[str, Any]:
+def gputui_fast(seed: int, device: str = "cpu", data: str | None = None) -> dict[str, Any]:
     """(b): the real command line in a fresh process, timed by its own events (and its wall time,
     command to exit). `cold`: the start-up warm-up (`warmup_s` of its start event, where it reports
     one) plus the training time to 99.0%; `warm`: the training time alone (its clock starts warm)."""
     with tempfile.TemporaryDirectory() as tmp:
         code, out, err, wall = _child([sys.executable, "-m", "gputui", "run", "--model", "fast", "--seed", str(seed),
-                                       "--json", "--device", device, "--run-dir", str(Path(tmp) / "run")])
+                                       "--json", "--device", device, "--run-dir", str(Path(tmp) / "run"),
+                                       *(["--data", data] if data else [])])
     events = []
     for line in out.splitlines():
         try:
@@ -168,17 +169,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--device", default="cpu", help="cpu or cuda: both sides train there")
+    parser.add_argument("--data", default=None, help="an MNIST directory for both sides (default: the bundled one)")
     parser.add_argument("--worker-public", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_public is not None:  # one fresh process of (a): a cold run, then a warm one
-        cold = public_recipe(args.worker_public, args.device)
-        warm = public_recipe(args.worker_public, args.device)
+        cold = public_recipe(args.worker_public, args.device, args.data)
+        warm = public_recipe(args.worker_public, args.device, args.data)
         print(json.dumps({"cold": cold, "warm": warm}))
         return 0
     public, ours = [], []
     for seed in args.seeds:  # interleaved: a machine that gets busier slows both sides alike
-        public.append(public_cold_warm(seed, args.device))
-        ours.append(gputui_fast(seed, args.device))
+        public.append(public_cold_warm(seed, args.device, args.data))
+        ours.append(gputui_fast(seed, args.device, args.data))
     failed = [(name, r) for name, rows in (("(a)", public), ("(b)", ours)) for r in rows if "error" in r]
     medians: dict[str, float | None] = {}
     for name, rows in (("(a) public one-epoch recipe", public), ("(b) gputui run --model fast", ours)):
