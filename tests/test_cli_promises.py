@@ -84,7 +84,8 @@ def test_a_checkpoint_the_disk_refuses_exits_1_with_one_line(small_data: Path, t
         resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, 512 * 1024))
 
     run_dir = tmp_path / "r"
-    result = run_cli("run", "--json", "--model", "fast", "--data", str(small_data), "--epochs", "2", "--batch-size", "64",
+    # One epoch: its end is the run's first checkpoint (with checkpoint_every_s = 5, a second epoch's would be).
+    result = run_cli("run", "--json", "--model", "fast", "--data", str(small_data), "--epochs", "1", "--batch-size", "64",
                      "--run-dir", str(run_dir), preexec_fn=limit_files)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith(f"gputui: error: cannot write checkpoint {run_dir / 'ckpt.pt'}: File too large; ")

@@ -108,7 +108,8 @@ def test_a_worker_that_cannot_load_its_data_says_so_on_the_protocol(tmp_path: Pa
 
 
 def test_a_retried_trial_continues_from_the_checkpoint_its_dead_worker_left(small_data: Path, tmp_path: Path) -> None:
-    message = trial(0, small_data, tmp_path, epochs=40, batch_size=64)  # 8 steps an epoch
+    # 8 steps an epoch, a checkpoint at every epoch's end (the default waits checkpoint_every_s = 5 s)
+    message = trial(0, small_data, tmp_path, epochs=40, batch_size=64, checkpoint_every_s=0)
     with worker(small_data) as first:
         first.wait_for(lambda e: e.get("op") == "ready", WAIT, "the first worker's ready line")
         send(first, message)

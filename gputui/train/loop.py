@@ -163,9 +163,10 @@ class Trainer:
     def _checkpoint_due(self) -> bool:
         """At an epoch's end: checkpoint when `checkpoint_every_s` has passed since the last one (0:
         at every epoch), and always at the last epoch (a stop, a spot notice's SIGTERM and a
-        divergence checkpoint on their own). Only rank 0 writes, so no rank waits on another's clock."""
+        divergence checkpoint on their own). DDP and cluster runs checkpoint at every epoch: an
+        elastic restart redoes at most one epoch (docs/clusters.md)."""
         every = self.cfg.checkpoint_every_s
-        if every <= 0 or self.epoch >= self.cfg.epochs:
+        if every <= 0 or self.epoch >= self.cfg.epochs or self.dist is not None:
             return True
         return time.monotonic() - self._saved_at >= every
 
