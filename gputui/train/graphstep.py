@@ -17,7 +17,7 @@ failure is reported once through `on_fallback` (the trainer emits a `fallback` e
 
 Capture and replay run under `torch.cuda.device(x.device)`: without it a run on `cuda:N`
 (N > 0) captures on device 0's stream while its kernels go to device N, an empty graph. The
-first replay is checked once (a small parameter must move): a replay that moves nothing falls
+first replay is checked once (some weight must move): a replay that moves nothing falls
 back. A capture that fails part-way (`torch.cuda.graph.__exit__` raises in `capture_end()`
 before it restores the stream) has its stream put back here. A fault inside a replay surfaces
 at the next sync: `take()` syncs in a `try` and turns it into the same fallback, raising
@@ -173,7 +173,6 @@ class GraphStep:
         """Capture, then replay once (this step) and check that it moved the weights. False after
         falling back to eager steps (the step is then still to run)."""
         graph: Any = None
-        before: Any = None
         try:
             graph = torch.cuda.CUDAGraph()
             with self._on_device():
@@ -185,10 +184,10 @@ class GraphStep:
                 finally:  # a capture_end() that raises leaves the capture stream current
                     if torch.cuda.current_stream(self.x.device) != stream:
                         torch.cuda.set_stream(stream)
-                probe = self._probe()
-                before = probe.detach().clone()
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                before = [p.detach().clone() for p in params]
                 graph.replay()
-                moved = not torch.equal(before, probe)  # one sync, once per run
+                moved = any(not torch.equal(a, p) for a, p in zip(before, params))  # once per run
         except Exception as exc:  # noqa: BLE001 - any capture failure means: go on eagerly
             _release(graph)
             self._fall_back(f"capture failed: {_line(exc)}", step)
@@ -200,11 +199,6 @@ class GraphStep:
             return False
         self.graph = graph
         return True
-
-    def _probe(self) -> torch.Tensor:
-        """The smallest trained parameter: what the once-per-run replay check compares."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        return min(params, key=lambda p: p.numel())
 
     def _fall_back(self, reason: str, step: int | None) -> None:
         self.graph = None
