@@ -332,3 +332,51 @@ def test_the_warm_up_leaves_the_run_bit_identical(small_data: Path, tmp_path: Pa
     for pid, saved in cold["optimizer"]["state"].items():
         for k, v in saved.items():
             assert torch.equal(warm["optimizer"]["state"][pid][k], v), (pid, k)
+
+
+class FaultAtSecondRead:
+    """A Step whose take() is a graph replay's fault seen at the sync (GraphFault) once armed
+    (the test arms it at the run's second read): the trainer goes back to the state of its
+    last read and trains those steps again, eagerly."""
+
+    def __init__(self, inner: Step) -> None:
+        self.inner, self.impl, self.armed, self.faulted_at = inner, inner.impl, False, None
+
+    def __call__(self, step: int, idx: torch.Tensor, lr: float) -> None:
+        self.inner(step, idx, lr)
+
+    def take(self) -> torch.Tensor:
+        from gputui.train.graphstep import GraphFault
+
+        rows = self.inner.take()
+        if self.armed:
+            self.armed, self.faulted_at = False, len(rows)
+            raise GraphFault("replay failed at sync: an illegal memory access (simulated)", len(rows))
+        return rows
+
+
+def test_a_replay_fault_at_the_sync_goes_back_to_the_last_good_state(small_data: Path, tmp_path: Path,
+                                                                      one_thread: None) -> None:
+    got: list[dict[str, Any]] = []
+    trainer = make_trainer(small_data, tmp_path / "r", got, epochs=2, batch_size=16)
+    steps_at_reads: list[int] = []
+    faulty = FaultAtSecondRead(trainer.step_fn)
+    trainer.step_fn = faulty
+    real_check = trainer._check
+
+    after_fault: list[int] = []
+
+    def check() -> None:
+        steps_at_reads.append(trainer.step)
+        faulty.armed = len(steps_at_reads) == 2
+        real_check()
+        if len(steps_at_reads) == 2:
+            after_fault.append(trainer.step)
+
+    trainer._check = check  # type: ignore[method-assign]
+    assert trainer.train() == "done"
+    assert faulty.faulted_at is not None and faulty.faulted_at > 0
+    first, second = steps_at_reads[0], steps_at_reads[1]
+    assert second > first and after_fault == [first], "back to the state of the last read: its steps run again"
+    assert of(got, "done") and trainer.step == trainer.total_steps
+    assert of(got, "step")[-1]["step"] == trainer.total_steps

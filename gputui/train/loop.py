@@ -32,6 +32,7 @@ from gputui.runs.store import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset
 from gputui.train.devices import synchronize
+from gputui.train.graphstep import GraphFault
 from gputui.train.meter import LastGood, Meter, Pace, copy_state, eval_points, evaluate, step_event_interval
 from gputui.train.step import (Schedule, Step, epoch_permutation, keep_freed_memory, load_optimizer_state,  # noqa: F401
                                lr_at, make_optimizer, make_step, portable_state, to_device)  # (lr_at: a public name)
@@ -219,7 +220,12 @@ class Trainer:
     def _check(self) -> None:
         """Read the losses of the steps since the last read (the only host sync for them). One that
         is not finite puts the last good state back, checkpoints it and raises Diverged."""
-        rows, bad = self.meter.collect(self.step_fn.take())
+        try:
+            taken = self.step_fn.take()
+        except GraphFault:  # a replay's fault, seen at this sync: the step has fallen back to eager
+            self._apply(self.last_good.before(1))  # back to the state of the last read; its steps run again
+            return
+        rows, bad = self.meter.collect(taken)
         if bad is not None:
             self._diverge(self.step - rows + 1 + bad, self.last_good.before(bad))
         self.last_good.read(rows, self.state)
