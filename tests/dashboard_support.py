@@ -11,12 +11,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import pytest
 from rich.console import Console
 
 from gputui.cloud.sim import SimProvider, SimScript
 from gputui.dashboard.setup import Backend, DashboardOptions, resolve_profile
 from gputui.model.telemetry import HostSnapshot, round_from_dict
 from gputui.sources.sim import SimSource
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch, gputui_home: Any) -> Any:
+    """The screen's clock in UTC (an autouse fixture of the modules that import it)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.delenv("TZ")
+    time.tzset()
 
 
 class Clock:

@@ -4,7 +4,6 @@ slaves table says what it is, a host that appears is scrolled into view, a start
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -13,19 +12,10 @@ from textual.widgets._footer import FooterKey
 
 from gputui.dashboard.training import TrainingState
 from gputui.ui.app import create_app
-from gputui.ui.hosts_panel import HostsView
 from gputui.ui.screens import HelpScreen
 from gputui.ui.training_panel import TrainingSummary
 from tests.dashboard_support import Clock, RecordedSource, drive, make_backend, screen_text, sim_provider, wait_for
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch, gputui_home: Any) -> Any:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.delenv("TZ")
-    time.tzset()
+from tests.dashboard_support import utc  # noqa: F401 - an autouse fixture: the screen's clock in UTC
 
 
 def demo_app() -> Any:
@@ -59,14 +49,14 @@ def test_at_80x24_the_demo_says_so_and_no_footer_key_is_cut() -> None:
     text, keys = drive(app, scenario, size=(80, 24))
     lines = text.rstrip("\n").splitlines()
     assert "demo" in lines[0], lines[0]
-    footer = lines[-1]
+    bottom = lines[-1]
     shown = [label for label, display in keys if display]
     assert "? Help" in shown and "q Quit" in shown
     for label in shown:  # every key on the footer is whole
-        assert label in footer, (label, footer)
+        assert label in bottom, (label, bottom)
     for label, display in keys:
         if not display:
-            assert label.split(" ", 1)[1] not in footer, (label, footer)
+            assert label.split(" ", 1)[1] not in bottom, (label, bottom)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])

@@ -14,7 +14,6 @@ Update after a deliberate change of the look:
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +28,13 @@ from gputui.ui.training_actions import post_events
 from gputui.model.units import duration
 from tests.dashboard_support import (Clock, RecordedSource, drive, h100_events, make_backend, screen_diff, screen_text,
                                      settled, sim_provider, svg_picture, wait_for)
+from tests.dashboard_support import utc  # noqa: F401 - an autouse fixture: the screen's clock in UTC
 
 SIZES = [(80, 24), (100, 30), (120, 40), (200, 50)]
 IDS = [f"{w}x{h}" for w, h in SIZES]
 EVENTS = h100_events()
 # Replayed up to the end of epoch 30 of 40: the run is going, so the ETA shows.
 CUT = next(i for i, e in enumerate(EVENTS) if e["event"] == "epoch" and e["epoch"] == 30) + 1
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch: pytest.MonkeyPatch, gputui_home: Any) -> Any:
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.delenv("TZ")
-    time.tzset()
 
 
 SNAPSHOTS = Path(__file__).parent / "__snapshots__" / "test_dashboard_snapshots"
