@@ -120,11 +120,12 @@ class DashboardFooter(Footer):
             for key in keys:
                 if not key.display:
                     key.display = True
-            if self.size.width and not getattr(self, "_measuring", False):
-                self._measuring = True
+            tries = getattr(self, "_tries", 0)
+            if self.size.width and tries < 20:  # not laid out yet: measure again after the next frame
+                self._tries = tries + 1
                 self.call_after_refresh(self._fit_keys)
             return
-        self._measuring = False
+        self._tries = 0
         pinned = self.query("#footer-pinned")
         room = self.size.width - (pinned.first().outer_size.width if pinned else 0)
         used = 0
