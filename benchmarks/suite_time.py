@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one pytest run may take")
     parser.add_argument("--json", type=Path, help="write the rows here as JSON")
     parser.add_argument("--logs", type=Path, help="keep each run's pytest output in this directory")
+    parser.add_argument("--repeat", type=int, default=1, help="run each tier this many times under each load (issue 28: three in a row)")
+    parser.add_argument("--busy-only", action="store_true", help="with --hogs: skip the quiet runs")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
@@ -117,20 +119,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tiers: {', '.join(unknown) or 'none given'}; choose from {', '.join(TIERS)}")
     if args.hogs < 0:
         parser.error("--hogs must be >= 0")
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    if args.busy_only and not args.hogs:
+        parser.error("--busy-only needs --hogs N")
     if args.logs is not None:
         args.logs.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     print(f"{cores} CPUs, 1-minute load average now {os.getloadavg()[0]:.2f}", flush=True)
     rows: list[Row] = []
-    loads = [0] + ([args.hogs] if args.hogs else [])
+    loads = ([] if args.busy_only else [0]) + ([args.hogs] if args.hogs else [])
     for hogs_n in loads:
         label = "quiet" if hogs_n == 0 else f"{hogs_n} hogs"
         hogs = start_hogs(hogs_n)
         try:
-            for tier in tiers:
-                print(f"running the {tier} tier ({label}) ...", flush=True)
-                rows.append(run_tier(tier, args.workers, args.pytest_args, label, args.timeout, args.logs))
-                print(table(rows[-1:]).splitlines()[-1], flush=True)
+            for attempt in range(1, args.repeat + 1):
+                for tier in tiers:
+                    run_label = label if args.repeat == 1 else f"{label} #{attempt}"
+                    print(f"running the {tier} tier ({run_label}) ...", flush=True)
+                    rows.append(run_tier(tier, args.workers, args.pytest_args, run_label, args.timeout, args.logs))
+                    print(table(rows[-1:]).splitlines()[-1], flush=True)
         finally:
             stop_hogs(hogs)
     print()
