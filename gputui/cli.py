@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gputui {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="train headless (the main job)", description="Train a run headless.")
+    run = sub.add_parser("run", help="train headless (the main job)", usage="gputui run [options] [-- PROGRAM [ARGS ...]]",
+                         description="Train a run headless: a built-in net, or your own program after -- "
+                         "(docs/program.md).")
     run.add_argument("--profile", type=Path, help="run profile (default: profiles/local.toml)")
     for flag, (key, _parse) in RUN_FLAGS.items():
         run.add_argument(flag, dest=key, metavar=key.upper(), help=RUN_HELP[flag])
@@ -103,11 +105,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gputui.views.progress import JsonView, ProgressView
     from gputui.jobs.run import RunRequest, run
 
+    program = getattr(args, "program", None)
+    if program is not None and args.resume is not None:
+        raise UserError("--resume reruns the run's own program: leave out what follows --")
     request = RunRequest(
         profile=args.profile,
         overrides=run_overrides(args),
         run_dir=args.run_dir,
         resume=args.resume,
+        program=tuple(program) if program is not None else None,
     )
     view = JsonView() if args.json else ProgressView()
     try:
@@ -145,9 +151,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.umask(before)  # a caller in this process (a test, a script) gets its own umask back
 
 
+def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """`gputui run [options] -- PROGRAM ARGS`: gputui's words, and the program's (None without --)."""
+    words = list(argv)
+    if "run" in words and "--" in words[words.index("run"):]:
+        cut = words.index("--", words.index("run"))
+        return words[:cut], words[cut + 1:]
+    return words, None
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    argv, program = split_program(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
+    if program is not None and args.command == "run":
+        args.program = program
     if unknown:  # say it with the usage of the command that was meant, not the top level's
         command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "handler", None) is None:  # no subcommand: the dashboard

@@ -70,6 +70,9 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
     if "data" in run and path is not None:
         data = Path(run["data"]).expanduser()
         run["data"] = str(data if data.is_absolute() else (path.parent / data).resolve())
+    if path is not None and run.get("command"):  # a program runs in the profile's directory unless told
+        workdir = Path(run.get("workdir") or ".").expanduser()
+        run["workdir"] = str(workdir if workdir.is_absolute() else (path.parent / workdir).resolve())
     return Profile(path=path, run=RunSettings(**run), tables=tables)
 
 

@@ -20,6 +20,24 @@ DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 STRATEGIES = ("single", "dataparallel", "ddp")
 
 
+def _check_regexes(value: Any) -> str | None:
+    """Each a regular expression with at least one named group (the metric's name)."""
+    for text in value:
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            return f"regular expressions; {text!r} is not one ({exc})"
+        if not pattern.groupindex:
+            return f"regular expressions with named groups, e.g. (?P<loss>[0-9.]+); {text!r} has none"
+    return None
+
+
+def _check_command(value: Any) -> str | None:
+    if value and not value[0].strip():
+        return "a list of words whose first is the program, e.g. [\"python\", \"train.py\"]"
+    return None
+
+
 def _check_device(value: Any) -> str | None:
     if DEVICE_RE.match(value):
         return None
@@ -69,6 +87,28 @@ class RunConfig:
                                     "checkpoints on stop, on a spot notice and at its end.", 5.0, minimum=0,
                                     maximum=86400)
 
+    # Your own program (docs/program.md): a run whose `command` is set runs it instead of a built-in net.
+    command: tuple[str, ...] = key("str_list", "Your own program and its arguments, e.g. [\"python\", \"train.py\", "
+                                   "\"--lr\", \"{lr}\"] ({name}: a [sweep] parameter); empty: the built-in `model`.",
+                                   (), check=_check_command)
+    workdir: str | None = key("str", "The program's working directory (default: the profile's directory; the "
+                              "current one for `gputui run -- PROGRAM`).", None)
+    env: tuple[tuple[str, str], ...] = key("str_table", "Extra environment variables for the program.", ())
+    metrics_regex: tuple[str, ...] = key("str_list", "Regular expressions whose named groups turn the program's "
+                                         "output lines into metrics, e.g. \"Loss: (?P<loss>[0-9.]+)\".", (),
+                                         check=_check_regexes)
+    stop_grace_s: float = key("float", "Seconds a stopped program has to save and exit before SIGKILL.", 30.0,
+                              minimum=0, maximum=3600)
+    objective: str | None = key("str", "A reported metric that rates the run (its last and best are listed), e.g. "
+                                "\"val_acc\".", None)
+    direction: str = key("str", "Whether the objective is better high (maximize) or low (minimize).", "maximize",
+                         choices=("maximize", "minimize"))
+
+    @property
+    def is_program(self) -> bool:
+        """A run of the user's own program rather than a built-in net."""
+        return bool(self.command)
+
     def to_toml(self) -> str:
         """The resolved profile, as a TOML document loadable by `load_profile`.
 
@@ -91,9 +131,17 @@ _TOML_HEADER = "# Resolved profile of this run (written by gputui; used by --res
 def _dump_toml(doc: Mapping[str, Mapping[str, Any]]) -> str:
     import tomli_w  # lazy: only the master writes profiles (slaves only read them)
 
-    return tomli_w.dumps({table: {k: list(v) if isinstance(v, tuple) else v
-                                  for k, v in values.items() if v is not None}
+    return tomli_w.dumps({table: {k: _toml_value(v) for k, v in values.items() if v is not None and v != ()}
                           for table, values in doc.items()})
+
+
+def _toml_value(value: Any) -> Any:
+    """A tuple as a TOML list, a tuple of (name, value) pairs (a "str_table" key) as a table."""
+    if isinstance(value, tuple):
+        if value and all(isinstance(item, tuple) for item in value):
+            return dict(value)
+        return list(value)
+    return value
 
 
 def _merged(self: Any, override: Any) -> Any:

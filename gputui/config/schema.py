@@ -32,7 +32,8 @@ def _bound(value: float) -> str:
 class Field:
     """One key of a TOML table.
 
-    kind is one of: "int", "float", "str", "bool", "int_list", "float_pair", "str_list".
+    kind is one of: "int", "float", "str", "bool", "int_list", "float_pair", "str_list",
+    "str_table" (a table of strings, kept as sorted (name, value) pairs: a frozen value).
     """
 
     kind: str
@@ -55,6 +56,7 @@ class Field:
             "int_list": "a list of whole numbers",
             "float_pair": "a list of two numbers",
             "str_list": "a list of strings",
+            "str_table": "a table of strings (name = \"value\")",
         }[self.kind]
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
@@ -99,6 +101,12 @@ class Field:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValueError(self.expected())
             value = tuple(value)
+        elif kind == "str_table":
+            if isinstance(value, tuple):  # already coerced (settings merged from settings)
+                value = dict(value)
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ValueError(self.expected())
+            value = tuple(sorted(value.items()))
         elif kind == "float_pair":
             if (
                 not isinstance(value, list)

@@ -26,6 +26,8 @@ from gputui.config.run import RunConfig, RunSettings
 from gputui.config.profile import load_profile
 from gputui.model.units import plural
 
+# Settings of the built-in nets alone: a program has its own flags (after --).
+NET_ONLY = ("model", "epochs", "batch_size", "lr", "evals_per_epoch", "cuda_graph", "data", "seed")
 # Settings a resumed run may change; the others would break the checkpoint or its schedule.
 RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch", "cuda_graph"}
 
@@ -36,6 +38,7 @@ class RunRequest:
     overrides: RunSettings
     run_dir: Path | None = None
     resume: str | None = None
+    program: tuple[str, ...] | None = None  # `gputui run -- PROGRAM ARGS`: the user's own program, in this directory
 
 
 class AlreadyComplete(Exception):
@@ -66,6 +69,10 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
             raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc, --cuda-graph)")
         cfg = load_profile(run.profile).run.merged(req.overrides).resolve()
+        if cfg.is_program:
+            check(cfg, req.overrides)
+            run.profile.write_text(cfg.to_toml(), encoding="utf-8")
+            return run, cfg, True
         validate(cfg)
         done_epochs = completed_epochs(run)
         if done_epochs is not None and cfg.epochs <= done_epochs:
@@ -75,9 +82,20 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         return run, cfg, True
     profile_path = req.profile if req.profile is not None else default_profile()
     base = load_profile(profile_path).run if profile_path is not None else RunSettings()
-    cfg = base.merged(req.overrides).resolve()
-    check(cfg)
-    if _check_cluster(profile_path) is None:  # a cluster's nodes check their own devices and data
+    overrides = req.overrides
+    if req.program is not None:
+        if not req.program:
+            raise UserError("nothing after --: give the program to run, e.g. gputui run -- python train.py")
+        from dataclasses import replace
+
+        overrides = replace(overrides, command=tuple(req.program), workdir=str(Path.cwd()))
+    cfg = base.merged(overrides).resolve()
+    check(cfg, req.overrides)
+    cluster = _check_cluster(profile_path)
+    if cfg.is_program and cluster is not None:
+        raise UserError(f"{profile_path}: [cluster] runs train the built-in nets; your own program runs on this "
+                        "machine (drop [cluster], or leave `command` out)")
+    if cluster is None and not cfg.is_program:  # a cluster's nodes check their own devices and data
         validate(cfg)
     run = runs.create(req.run_dir)  # only now: a run that fails a check leaves no directory behind
     try:
@@ -129,8 +147,16 @@ def validate(cfg: RunConfig) -> None:
                             f"(0..{count - 1})")
 
 
-def check(cfg: RunConfig) -> None:
-    """Cross-field rules the schema cannot express alone."""
+def check(cfg: RunConfig, flags: RunSettings | None = None) -> None:
+    """Cross-field rules the schema cannot express alone (`flags`: what the command line set)."""
+    if cfg.is_program:
+        if cfg.strategy == "dataparallel":
+            raise UserError("strategy dataparallel is for the built-in nets: your program decides how it uses its "
+                            "GPUs (use --strategy ddp for torchrun, or single)")
+        given = [name for name in NET_ONLY if flags is not None and getattr(flags, name) is not None]
+        if given:
+            names = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise UserError(f"{names}: a setting of the built-in nets; pass your program's own flags after --")
     if cfg.strategy == "dataparallel" and cfg.device in ("cpu", "mps"):
         raise UserError(
             f"strategy dataparallel needs CUDA GPUs, not device {cfg.device}; "
@@ -142,6 +168,10 @@ def check(cfg: RunConfig) -> None:
 
 def execute(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
     """Train; return 'done' or 'interrupted'. Errors are GputuiError subclasses."""
+    if cfg.is_program:
+        from gputui.jobs.program import execute_program
+
+        return execute_program(run, cfg, resume, view)
     cluster = cluster_profile(run.path)
     if cluster is not None:
         from gputui.cluster.launch import execute_cluster
@@ -326,7 +356,14 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
             _discard_unstarted(run_dir, say)
         raise
     ref = shlex.quote(_ref(run_dir))  # the hints are commands to paste
-    if outcome == "interrupted":
+    if outcome == "interrupted" and cfg.is_program:
+        from gputui.jobs.program import CHECKPOINTS, wrote_checkpoint
+
+        saved = run_dir.path / CHECKPOINTS
+        kept = (f"the program's checkpoints are in {saved}" if wrote_checkpoint(saved)
+                else "the program saved nothing in its checkpoint directory")
+        say(f"interrupted: {kept}; resume with: gputui run --resume {ref}")
+    elif outcome == "interrupted":
         say(f"interrupted: checkpoint saved in {run_dir.path}; resume with: gputui run --resume {ref}")
     listing = ("gputui runs" if run_dir.path.parent == runs_home()
                else f"gputui runs --dir {shlex.quote(str(run_dir.path.parent))}")

@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from gputui.model.outside import MAX_INT, finite  # noqa: F401 - the one home of both; re-exported
 
-# Kinds of field values: "int", "num" (int or float), "str", "bool", "list", "any".
+# Kinds of field values: "int", "num" (int or float), "str", "bool", "list", "any", and "values" (an
+# object of metric name to finite number: what a user's program reports, docs/program.md).
 _RUN = {"run_id": "str", "run_dir": "str", "nonce": "str"}
 _POSITION = {"epoch": "int", "step": "int", "elapsed_s": "num"}
 _MESSAGE = {"message": "str"}
@@ -28,14 +29,19 @@ SPEC: dict[str, dict[str, str]] = {
               "test_samples": "int", "num_classes": "int", "params": "int", "seed": "int",
               "resumed_from_step": "int", "device_choice": "str", "gpus": "list", "node": "str", "nodes": "int", "nproc_per_node": "int", "restart": "int",
               "step_impl": "str", "schedule_from_step": "int", "threads": "int", "threads_why": "str",
-              "warmup_s": "num"},
+              "warmup_s": "num",
+              # a run of the user's own program (gputui.jobs.program)
+              "program": "str", "workdir": "str", "resumed": "bool", "objective": "str", "direction": "str"},
+    # What a user's program reported (its events file, or an output line a [run] metrics_regex matched).
+    "metrics": {**_POSITION, "values": "values", "rank": "int", "source": "str", "merged": "int"},
     "step": {**_POSITION, "loss": "num", "l1": "num", "samples_per_s": "num", "lr": "num"},
     "eval": {**_POSITION, "test_loss": "num", "test_acc": "num", "eval_s": "num"},
     "epoch": {**_POSITION, "train_loss": "num", "l1": "num", "test_loss": "num", "test_acc": "num", "eval_s": "num"},
-    "interrupted": {**_POSITION, "reason": "str", "checkpoint": "str"},
-    "done": {"step": "int", "epochs": "int", "test_acc": "num", "best_acc": "num", "elapsed_s": "num", "eval_s": "num"},
+    "interrupted": {**_POSITION, "reason": "str", "checkpoint": "str", "exit_code": "int"},
+    "done": {"step": "int", "epochs": "int", "test_acc": "num", "best_acc": "num", "elapsed_s": "num", "eval_s": "num",
+             "exit_code": "int"},
     "error": {**_MESSAGE, "exit_code": "int", "reason": "str", "step": "int", "epoch": "int", "checkpoint": "str",
-              "node": "str"},
+              "node": "str", "elapsed_s": "num"},
     "warning": {**_MESSAGE, "node": "str", "reason": "str"},
     "fallback": {**_MESSAGE, "from_impl": "str", "to_impl": "str", "reason": "str", "step": "int"},
     # A cluster's workers.
@@ -82,6 +88,8 @@ def _fits(kind: str, value: Any) -> bool:
         return isinstance(value, str)
     if kind == "bool":
         return isinstance(value, bool)
+    if kind == "values":
+        return isinstance(value, dict) and all(isinstance(k, str) and finite(v) is not None for k, v in value.items())
     return isinstance(value, (list, tuple))
 
 
@@ -116,4 +124,13 @@ def typed(event: Mapping[str, Any]) -> dict[str, Any]:
         value = out.get(key)
         if value is not None and finite(value) is None:
             out[key] = None
+    if "values" in out:
+        out["values"] = metric_values(out["values"])
     return out
+
+
+def metric_values(value: Any) -> dict[str, float | int]:
+    """A `metrics` event's `values` as received: only names that are text, with a finite number."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and finite(v) is not None}

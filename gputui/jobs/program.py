@@ -1,0 +1,485 @@
+"""A run of the user's own program: `gputui run -- PROGRAM [ARGS...]` or `[run] command`.
+
+The program runs under gputui's supervision (gputui.jobs.keeper: its whole process tree ends
+with the run, however the run ends), in its `workdir`, with the GPUs gputui chose and the
+`GPUTUI_*` variables of docs/program.md. What it reports (`gputui.report`, or any language
+appending JSON lines to `GPUTUI_EVENTS`) and what `[run] metrics_regex` finds in its output
+become `metrics` events in the run's events.jsonl; its output goes unchanged to output.log.
+Nothing here imports torch (a DDP program's rendezvous store does, in gputui.train.rdzv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from gputui.model import events, outside
+from gputui.model.errors import GputuiError, UserError
+from gputui.model.lines import OUTPUT_LINE, LineSplitter
+from gputui.model.text import clean
+from gputui.runs import store as runs
+
+OUTPUT = "output.log"  # the program's stdout and stderr, unchanged
+REPORTED = "reported.jsonl"  # GPUTUI_EVENTS: the program appends its report lines here
+CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
+STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
+MAX_REPORT_LINE = 64 * 1024  # bytes: a report line longer than this is dropped (and counted)
+MAX_VALUES = 64  # metrics in one report line; more are dropped (and counted)
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")  # a metric's name
+EVENTS_PER_S = 50.0  # metrics events written at most this often; faster reports are merged
+READ_CHUNK = 1 << 20
+POLL_S = 0.05
+STEP_KEYS = ("step", "epoch")  # named groups of a metrics_regex that place a line, not measure it
+
+
+@dataclass
+class Record:
+    """One set of numbers the program reported."""
+
+    values: dict[str, float | int]
+    step: int | None = None
+    epoch: int | None = None
+    rank: int | None = None
+    time: float | None = None  # Unix seconds, as the program said (checked against the clock before use)
+    source: str = "report"
+
+
+class Reports:
+    """The program's report lines, checked: a line that is not a report (not JSON, not an
+    object, too long, no numbers) is refused and counted; a value that is not a finite number,
+    a name that is not a metric's, and values past MAX_VALUES are dropped and counted. The first
+    problem is said once (`warning`), the rest only counted."""
+
+    def __init__(self, source: str = "the program's GPUTUI_EVENTS") -> None:
+        self.tally = outside.Tally(source)
+        self.lines = LineSplitter(MAX_REPORT_LINE)
+        self.dropped = 0  # values not taken from lines that were
+
+    def feed(self, chunk: bytes) -> list[Record]:
+        out = []
+        for line in self.lines.feed(chunk):
+            if line.strip():
+                record = self.parse(line)
+                if record is not None:
+                    out.append(record)
+        if self.lines.cut:
+            self.tally.refuse(f"a line longer than {MAX_REPORT_LINE // 1024} KiB")
+            self.lines.cut = 0
+        return out
+
+    def parse(self, line: bytes) -> Record | None:
+        raw = self.tally.line(line, MAX_REPORT_LINE)
+        if raw is None:
+            return None
+        values_in = raw.get("values")
+        if not isinstance(values_in, dict):
+            self.tally.refuse('a line without a "values" object')
+            return None
+        values: dict[str, float | int] = {}
+        for name, value in values_in.items():
+            number = outside.finite(value)
+            if number is None or not NAME.match(name) or len(values) >= MAX_VALUES:
+                self.dropped += 1
+                self.tally.refuse(f"a value that is not a finite number under a metric's name ({name[:40]!r})")
+                continue
+            values[name] = number
+        if not values:
+            return None
+        return Record(values, step=outside.index(raw.get("step")), epoch=outside.index(raw.get("epoch")),
+                      rank=outside.index(raw.get("rank")), time=outside.number(raw.get("time")))
+
+
+class OutputMetrics:
+    """`[run] metrics_regex`: each output line that a pattern matches gives the numbers of its
+    named groups (a group named step or epoch places the line instead)."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def match(self, line: str) -> Record | None:
+        values: dict[str, float | int] = {}
+        place: dict[str, int | None] = {}
+        for pattern in self.patterns:
+            found = pattern.search(line)
+            if found is None:
+                continue
+            for name, text in found.groupdict().items():
+                if text is None:
+                    continue
+                number = outside.number(text.strip()) if _numeric(text) else None
+                if name in STEP_KEYS:
+                    place[name] = outside.index(int(number)) if number is not None and number == int(number) else None
+                elif number is not None and NAME.match(name):
+                    values[name] = int(number) if number == int(number) and "." not in text and "e" not in text.lower() \
+                        else number
+        if not values:
+            return None
+        return Record(values, step=place.get("step"), epoch=place.get("epoch"), source="output")
+
+
+_NUMBER_TEXT = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def _numeric(text: str) -> bool:
+    return bool(_NUMBER_TEXT.match(text))
+
+
+class Pacer:
+    """Metrics events at most EVENTS_PER_S a second per rank: a report that comes sooner is
+    merged into the next event (the latest value of each metric, the latest step and epoch;
+    `merged` counts the reports in it). Nothing reported is lost for longer than one interval."""
+
+    def __init__(self, per_s: float = EVENTS_PER_S) -> None:
+        self.interval = 1.0 / per_s
+        self.last: dict[int | None, float] = {}
+        self.pending: dict[int | None, tuple[Record, int]] = {}
+
+    def add(self, record: Record, now: float) -> list[tuple[Record, int]]:
+        key = record.rank
+        held = self.pending.pop(key, None)
+        if held is not None:
+            merged = Record({**held[0].values, **record.values},
+                            step=record.step if record.step is not None else held[0].step,
+                            epoch=record.epoch if record.epoch is not None else held[0].epoch,
+                            rank=record.rank, time=record.time, source=record.source)
+            record, count = merged, held[1] + 1
+        else:
+            count = 1
+        if now - self.last.get(key, -1e9) >= self.interval:
+            self.last[key] = now
+            return [(record, count)]
+        self.pending[key] = (record, count)
+        return []
+
+    def due(self, now: float, flush: bool = False) -> list[tuple[Record, int]]:
+        out = []
+        for key in list(self.pending):
+            if flush or now - self.last.get(key, -1e9) >= self.interval:
+                out.append(self.pending.pop(key))
+                self.last[key] = now
+        return out
+
+
+@dataclass
+class Clock:
+    """The run's training clock: `elapsed_s` goes on from where a resumed run stopped."""
+
+    before_s: float  # elapsed_s the run had when this attempt started
+    started_wall: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
+    last: float = 0.0
+
+    def elapsed(self, said_wall: float | None = None) -> float:
+        """Now (or when the program said, if that is between this attempt's start and now),
+        never before the last one given."""
+        now = time.monotonic() - self.started
+        at = now
+        if said_wall is not None:
+            offset = said_wall - self.started_wall
+            if 0 <= offset <= now:
+                at = offset
+        self.last = max(self.last, self.before_s + at)
+        return round(self.last, 3)
+
+
+def last_elapsed(path: Path) -> float:
+    """The last elapsed_s in a run's events (0 for a new run)."""
+    last = 0.0
+    for event in runs.iter_events(path):
+        value = outside.number(event.get("elapsed_s"))
+        if value is not None and value >= last:
+            last = value
+    return last
+
+
+def substitute(command: Sequence[str], params: Mapping[str, Any]) -> list[str]:
+    """`{name}` in each word replaced by the sweep parameter `name` (other braces left as they are)."""
+    if not params:
+        return list(command)
+    pattern = re.compile(r"\{(" + "|".join(re.escape(k) for k in params) + r")\}")
+    return [pattern.sub(lambda m: _word(params[m.group(1)]), word) for word in command]
+
+
+def _word(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def program_env(base: Mapping[str, str], run: runs.RunDir, extra: Mapping[str, str], resume: bool,
+                trial: Mapping[str, Any]) -> dict[str, str]:
+    """The program's environment: the user's, `[run] env`, and gputui's variables (docs/program.md).
+    The directory of the Python running gputui goes first on PATH, so `python` is the one that
+    has gputui (and torch) when gputui runs from a virtual environment."""
+    env = dict(base)
+    env.update(extra)
+    here = str(Path(sys.executable).parent)
+    env["PATH"] = here + (os.pathsep + env["PATH"] if env.get("PATH") else "")
+    env.update({
+        "GPUTUI_RUN_DIR": str(run.path),
+        "GPUTUI_EVENTS": str(run.path / REPORTED),
+        "GPUTUI_CHECKPOINT_DIR": str(run.path / CHECKPOINTS),
+        "GPUTUI_RESUME": "1" if resume else "0",
+        "GPUTUI_TRIAL": json.dumps(dict(trial), sort_keys=True),
+        "GPUTUI_STOP_FILE": str(run.path / STOP_FILE),
+        "PYTHONUNBUFFERED": "1",  # its output is seen as it prints
+    })
+    return env
+
+
+class _Pump(threading.Thread):
+    """One output stream of the program: to output.log unchanged, and line by line to `line`."""
+
+    def __init__(self, stream: Any, name: str, log: Any, lock: threading.Lock, line: Callable[[str, str], None]) -> None:
+        super().__init__(name=f"gputui-{name}", daemon=True)
+        self.stream, self.kind, self.log, self.lock, self.line = stream, name, log, lock, line
+        self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]")
+        self.last = ""
+
+    def run(self) -> None:
+        read = getattr(self.stream, "read1", self.stream.read)
+        while True:
+            try:
+                chunk = read(65536)
+            except (OSError, ValueError):
+                break
+            if not chunk:
+                break
+            with self.lock:
+                try:
+                    self.log.write(chunk)
+                    self.log.flush()
+                except OSError:
+                    pass  # a full disk costs the log, never the run
+            for raw in self.splitter.feed(chunk):
+                text = raw.decode("utf-8", errors="replace").rstrip("\r")
+                if text.strip():
+                    self.last = text
+                self.line(text, self.kind)
+        rest = self.splitter.feed(b"\n") if self.splitter.held else []
+        for raw in rest:
+            text = raw.decode("utf-8", errors="replace")
+            if text.strip():
+                self.last = text
+            self.line(text, self.kind)
+
+
+class _Stop:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str = "interrupted") -> None:
+        self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+def command_text(command: Sequence[str]) -> str:
+    return shlex.join(command)
+
+
+def wrote_checkpoint(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(path.iterdir())
+    except OSError:
+        return False
+
+
+def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None) -> str:
+    """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit)."""
+    from gputui.jobs import gpus as gpu_choice
+    from gputui.jobs.run import _stop_on_signals
+    from gputui.model.supervisor import Tree
+    from gputui.train.distributed import _die_with_parent
+
+    command = list(cfg.command)
+    workdir = Path(cfg.workdir or ".").expanduser()
+    if not workdir.is_dir():
+        raise UserError(f"{workdir}: the program's workdir is not a directory (set [run] workdir, or cd there)")
+    ddp = cfg.strategy == "ddp"
+    nproc = (cfg.nproc or 0) if ddp else 1
+    choice = gpu_choice.choose(cfg.device, cfg.gpus, max(nproc, 1), os.environ)
+    if ddp and not nproc:
+        nproc = len(choice.visible) if choice.visible else 2
+    env = program_env(os.environ, run, dict(cfg.env), resume, trial or {})
+    env.update(choice.env())
+    threads_info: dict[str, Any] = {}
+    if choice.device == "cpu":  # on the CPU: threads that fit what is free
+        from gputui.train.threads import child_env, run_threads
+
+        threads, why = run_threads(cfg.threads, os.environ, workers=nproc)
+        if cfg.threads or "OMP_NUM_THREADS" not in os.environ:
+            env = child_env(env, threads, why)
+        threads_info = {"threads": threads, "threads_why": why}
+    (run.path / CHECKPOINTS).mkdir(exist_ok=True)
+    (run.path / STOP_FILE).unlink(missing_ok=True)
+    store = None
+    argv = command
+    if ddp:
+        from gputui.train.distributed import local_group_env
+        from gputui.train.rdzv import LOOPBACK, new_token, serve_store
+
+        token = new_token()
+        env = {**env, **{k: v for k, v in local_group_env({}, token).items()}}
+        store = serve_store(LOOPBACK, 0, timeout_s=600)
+        argv = [sys.executable, "-m", "gputui.train.launch", "--nnodes=1", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=gputui", f"--rdzv-endpoint={LOOPBACK}:{store.port}", f"--rdzv-id={run.run_id}",
+                "--rdzv-conf=rank=0", f"--local-addr={LOOPBACK}", "--max-restarts=0", "--no-python", *command]
+    clock = Clock(before_s=last_elapsed(run.events) if resume else 0.0)
+    log = runs.EventLog(run.events)
+    lock = threading.Lock()
+
+    def emit(event: dict[str, Any]) -> None:
+        with lock:
+            log.write(runs.encode(event))
+        view.show(event)
+
+    start: dict[str, Any] = dict(
+        run_id=run.run_id, run_dir=str(run.path), program=command_text(command), workdir=str(workdir.resolve()),
+        device=choice.device,
+        device_choice=choice.why, gpus=list(choice.visible or ()), strategy="ddp" if ddp else "single",
+        world_size=nproc if ddp else 1, resumed=resume, direction=cfg.direction, **threads_info)
+    if cfg.objective:
+        start["objective"] = cfg.objective
+    outputs = OutputMetrics(cfg.metrics_regex)
+    reports = Reports()
+    pacer = Pacer()
+    position: dict[str, int | None] = {"step": None, "epoch": None}
+
+    def metrics(batch: list[tuple[Record, int]]) -> None:
+        for record, count in batch:
+            if record.step is not None:
+                position["step"] = record.step
+            if record.epoch is not None:
+                position["epoch"] = record.epoch
+            fields: dict[str, Any] = dict(step=record.step, epoch=record.epoch, values=record.values,
+                                          elapsed_s=clock.elapsed(record.time), source=record.source)
+            if record.rank is not None:
+                fields["rank"] = record.rank
+            if count > 1:
+                fields["merged"] = count
+            emit(events.make("metrics", **{k: v for k, v in fields.items() if v is not None}))
+
+    output_lock = threading.Lock()
+
+    def on_line(text: str, stream: str) -> None:
+        shown = getattr(view, "output", None)
+        if shown is not None:
+            shown(text, stream)
+        record = outputs.match(text) if outputs.patterns else None
+        if record is not None:
+            with output_lock:
+                metrics(pacer.add(record, time.monotonic()))
+
+    stop = _Stop()
+    emit(events.make("start", **start))
+    output_file = open(run.path / OUTPUT, "ab")
+    proc: subprocess.Popen[bytes] | None = None
+    tree: Tree | None = None
+    stopping_at: float | None = None
+    try:
+        with _stop_on_signals(stop):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gputui.jobs.keeper", "--grace", str(cfg.stop_grace_s),
+                 "--parent", str(os.getpid()), "--", *argv],
+                cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                start_new_session=not sys.platform.startswith("linux"))
+            tree = Tree(proc)
+            pumps = [_Pump(proc.stdout, "stdout", output_file, lock, on_line),
+                     _Pump(proc.stderr, "stderr", output_file, lock, on_line)]
+            for pump in pumps:
+                pump.start()
+            reported = run.path / REPORTED
+            offset = reported.stat().st_size if reported.exists() else 0
+            fh = None
+            while True:
+                finished = proc.poll() is not None
+                if fh is None and reported.exists():
+                    fh = open(reported, "rb")
+                    fh.seek(offset)
+                got = False
+                while fh is not None:
+                    chunk = fh.read(READ_CHUNK)
+                    if not chunk:
+                        break
+                    got = True
+                    now = time.monotonic()
+                    with output_lock:
+                        for record in reports.feed(chunk):
+                            metrics(pacer.add(record, now))
+                    warning = reports.tally.warning()
+                    if warning is not None:
+                        emit(events.make("warning", reason="bad_report", message=warning))
+                with output_lock:
+                    metrics(pacer.due(time.monotonic(), flush=finished))
+                if finished and not got:
+                    break
+                if stop.is_set() and stopping_at is None:
+                    stopping_at = time.monotonic()
+                    _ask_to_stop(run, tree)
+                if stopping_at is not None and time.monotonic() - stopping_at > cfg.stop_grace_s + 5:
+                    tree.kill()  # the keeper itself did not end the program in its grace
+                if not got:
+                    time.sleep(POLL_S)
+            if fh is not None:
+                fh.close()
+            for pump in pumps:
+                pump.join(10)
+    except BaseException:  # a second Ctrl-C, a closed stdout: nothing of the program outlives gputui
+        if tree is not None:
+            tree.kill()
+        raise
+    finally:
+        if tree is not None:
+            tree.kill()  # a no-op once the keeper has ended everything
+        if store is not None:
+            from gputui.train.rdzv import release
+
+            release(store)
+        output_file.close()
+    code = proc.returncode if proc is not None else 1
+    end = clock.elapsed()
+    try:
+        if stop.is_set():
+            checkpoint = run.path / CHECKPOINTS
+            fields: dict[str, Any] = dict(reason=stop.reason, step=position["step"], epoch=position["epoch"],
+                                          elapsed_s=end, exit_code=code)
+            if wrote_checkpoint(checkpoint):
+                fields["checkpoint"] = str(checkpoint)
+            emit(events.make("interrupted", **{k: v for k, v in fields.items() if v is not None}))
+            return "interrupted"
+        if code == 0:
+            emit(events.make("done", **{k: v for k, v in dict(exit_code=0, elapsed_s=end, step=position["step"]).items()
+                                        if v is not None}))
+            return "done"
+        last = clean(pumps[1].last or pumps[0].last or "no output")[:300]
+        message = f"{Path(command[0]).name} exited with code {code}: {last}"
+        emit(events.make("error", message=message, exit_code=code, elapsed_s=end))
+        raise GputuiError(message)
+    finally:
+        log.close()
+
+
+def _ask_to_stop(run: runs.RunDir, tree: Any) -> None:
+    """`report.should_stop()` turns True (the stop file), and SIGTERM goes to the keeper, which
+    passes it on to the whole program and SIGKILLs what is left after [run] stop_grace_s."""
+    try:
+        (run.path / STOP_FILE).touch()
+    except OSError:
+        pass
+    try:
+        os.kill(tree.proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,144 @@
+"""Report from your own training program to gputui: `from gputui import report`.
+
+Standard library only (it never imports torch, nor the rest of gputui), so a program can use it
+wherever it runs; outside gputui every call is harmless (nothing is written, `should_stop()`
+stays False, checkpoints go to ./checkpoints).
+
+    from gputui import report
+    for epoch in range(start, epochs):
+        ...
+        report.log(step=step, epoch=epoch, loss=loss.item(), val_acc=acc)
+        if report.should_stop():      # Ctrl-C, `s` in the dashboard, a pruner, a budget, a spot notice
+            save(report.checkpoint_dir() / "last.pt"); break
+
+Each `log` appends one JSON line to the file `GPUTUI_EVENTS` names; the format is in
+docs/program.md, so a program in any language can report the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS_ENV = "GPUTUI_EVENTS"
+CHECKPOINT_ENV = "GPUTUI_CHECKPOINT_DIR"
+RESUME_ENV = "GPUTUI_RESUME"
+TRIAL_ENV = "GPUTUI_TRIAL"
+STOP_FILE_ENV = "GPUTUI_STOP_FILE"
+RUN_DIR_ENV = "GPUTUI_RUN_DIR"
+_STOP_LOOK_S = 0.1  # the stop file is looked at most this often (a call costs a stat otherwise)
+
+__all__ = ["log", "checkpoint_dir", "resuming", "trial", "should_stop"]
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.file: Any = None
+        self.pid = 0
+        self.stop_asked = False
+        self.stop_looked = 0.0
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            if self.file is None or self.pid != os.getpid():  # a forked child opens its own
+                path = os.environ.get(EVENTS_ENV)
+                if not path:
+                    return
+                self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, flushed each line
+                self.pid = os.getpid()
+            self.file.write(line)
+            self.file.flush()
+
+
+_reporter = _Reporter()
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = False, **metrics: float) -> None:
+    """Record `metrics` (name=number) at `step` and `epoch` as one line gputui reads.
+
+    Numbers only (a bool, text or a tensor is a TypeError: pass `loss.item()`); NaN and infinities
+    are left out. Under DDP only rank 0's calls are kept, unless `all_ranks=True`."""
+    values: dict[str, float | int] = {}
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"report.log: {name}={value!r} is not a number (pass a float or an int, e.g. loss.item())")
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        values[name] = value
+    for name, value in (("step", step), ("epoch", epoch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"report.log: {name}={value!r} is not a whole number")
+    rank = _rank()
+    if rank != 0 and not all_ranks:
+        return
+    line: dict[str, Any] = {"values": values, "time": round(time.time(), 6)}
+    if step is not None:
+        line["step"] = step
+    if epoch is not None:
+        line["epoch"] = epoch
+    if all_ranks:
+        line["rank"] = rank
+    _reporter.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def checkpoint_dir() -> Path:
+    """The directory to save checkpoints in: it survives `gputui run --resume` (created if missing)."""
+    path = Path(os.environ.get(CHECKPOINT_ENV) or "checkpoints")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def resuming() -> bool:
+    """True when gputui resumed this run (`gputui run --resume`): load your checkpoint."""
+    return os.environ.get(RESUME_ENV, "0") == "1"
+
+
+def trial() -> dict[str, Any]:
+    """A sweep trial's parameters ({"lr": 0.01, ...}); {} outside a sweep."""
+    try:
+        value = json.loads(os.environ.get(TRIAL_ENV) or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def should_stop() -> bool:
+    """True once gputui has asked this run to stop: save a checkpoint and exit."""
+    if _reporter.stop_asked:
+        return True
+    path = os.environ.get(STOP_FILE_ENV)
+    now = time.monotonic()
+    if path and now - _reporter.stop_looked >= _STOP_LOOK_S:
+        _reporter.stop_looked = now
+        _reporter.stop_asked = os.path.exists(path)
+    return _reporter.stop_asked
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """SIGTERM from gputui: `should_stop()` turns True and the program goes on to save. In a
+    process forked from the program (a data loader's worker), the signal keeps its default: it ends."""
+    if os.getpid() != _INSTALLED_IN:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _reporter.stop_asked = True
+
+
+_INSTALLED_IN = os.getpid()
+if (os.environ.get(EVENTS_ENV) and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):  # under gputui, and nobody else handles it
+    signal.signal(signal.SIGTERM, _on_stop_signal)
