@@ -79,9 +79,9 @@ def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = 
         if isinstance(value, float) and not math.isfinite(value):
             continue
         values[name] = value
-    for name, value in (("step", step), ("epoch", epoch)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"report.log: {name}={value!r} is not a whole number")
+    for place, given in (("step", step), ("epoch", epoch)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+            raise TypeError(f"report.log: {place}={given!r} is not a whole number")
     rank = _rank()
     if rank != 0 and not all_ranks:
         return
