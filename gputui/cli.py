@@ -102,7 +102,8 @@ def run_overrides(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gputui.views.progress import JsonView, ProgressView
+    from gputui.views.progress import JsonView
+    from gputui.views.program import TerminalView
     from gputui.jobs.run import RunRequest, run
 
     program = getattr(args, "program", None)
@@ -115,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         program=tuple(program) if program is not None else None,
     )
-    view = JsonView() if args.json else ProgressView()
+    view = JsonView() if args.json else TerminalView()
     try:
         return run(request, view)
     except GputuiError as exc:

@@ -116,22 +116,14 @@ class OutputMetrics:
             for name, text in found.groupdict().items():
                 if text is None:
                     continue
-                number = outside.number(text.strip()) if _numeric(text) else None
+                number = outside.number_text(text)
                 if name in STEP_KEYS:
-                    place[name] = outside.index(int(number)) if number is not None and number == int(number) else None
+                    place[name] = outside.index(number)
                 elif number is not None and NAME.match(name):
-                    values[name] = int(number) if number == int(number) and "." not in text and "e" not in text.lower() \
-                        else number
+                    values[name] = number
         if not values:
             return None
         return Record(values, step=place.get("step"), epoch=place.get("epoch"), source="output")
-
-
-_NUMBER_TEXT = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
-
-
-def _numeric(text: str) -> bool:
-    return bool(_NUMBER_TEXT.match(text))
 
 
 class Pacer:
@@ -289,6 +281,22 @@ def command_text(command: Sequence[str]) -> str:
     return shlex.join(command)
 
 
+def find_program(name: str, workdir: Path, path: str) -> str:
+    """Where `name` is (a path is taken from `workdir`); a UserError in one line when it is nowhere."""
+    import shutil
+
+    if os.sep in name:
+        where = workdir / Path(name).expanduser()
+        if where.is_file() and os.access(where, os.X_OK):
+            return str(where)
+        why = "is not executable (chmod +x it, or put its interpreter first)" if where.is_file() else "does not exist"
+        raise UserError(f"{name}: {why} (from the workdir {workdir})")
+    found = shutil.which(name, path=path)
+    if found is None:
+        raise UserError(f"{name}: no such program on PATH (give its path, e.g. ./{name}, or python {name})")
+    return found
+
+
 def wrote_checkpoint(path: Path) -> bool:
     try:
         return path.is_dir() and any(path.iterdir())
@@ -296,8 +304,10 @@ def wrote_checkpoint(path: Path) -> bool:
         return False
 
 
-def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None) -> str:
-    """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit)."""
+def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None,
+                    stop: Any = None) -> str:
+    """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit).
+    `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial)."""
     from gputui.jobs import gpus as gpu_choice
     from gputui.jobs.run import _stop_on_signals
     from gputui.model.supervisor import Tree
@@ -314,6 +324,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
         nproc = len(choice.visible) if choice.visible else 2
     env = program_env(os.environ, run, dict(cfg.env), resume, trial or {})
     env.update(choice.env())
+    find_program(command[0], workdir, env.get("PATH", ""))
     threads_info: dict[str, Any] = {}
     if choice.device == "cpu":  # on the CPU: threads that fit what is free
         from gputui.train.threads import child_env, run_threads
@@ -382,7 +393,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
             with output_lock:
                 metrics(pacer.add(record, time.monotonic()))
 
-    stop = _Stop()
+    stop = stop if stop is not None else _Stop()
     emit(events.make("start", **start))
     output_file = open(run.path / OUTPUT, "ab")
     proc: subprocess.Popen[bytes] | None = None

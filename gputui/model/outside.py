@@ -200,6 +200,20 @@ def number(value: Any) -> float | None:
     return None if found is None else float(found)
 
 
+_NUMBER_TEXT = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def number_text(text: str) -> int | float | None:
+    """A number written as decimal text (a program's output: "0.812", "98", "1e-3"): an int when
+    written as one, else a float; None for anything else (nan, inf, hex, a thousand digits)."""
+    if len(text) > 64 or not _NUMBER_TEXT.match(text):
+        return None
+    stripped = text.strip()
+    if stripped.lstrip("+-").isdigit():
+        return finite(int(stripped))
+    return finite(float(stripped))
+
+
 def index(value: Any) -> int | None:
     """A whole number 0 <= value <= MAX_INDEX from outside (an index, a count, a pid), else None."""
     if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):

@@ -1,0 +1,186 @@
+"""How `gputui run` shows a run of the user's own program on a terminal.
+
+The program's output is shown as it comes; one status line under it (on a terminal) holds its
+latest metrics, the elapsed time, steps per second and the GPUs it holds. Off a terminal (a
+log, `| cat`) the output passes through unchanged and the status goes out as a line at the
+start and at the end. Names and numbers from the program are data: cleaned, never markup.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from gputui.model import units
+from gputui.model.events import metric_values, typed
+from gputui.model.text import clean
+
+STATUS_VALUES = 6  # metrics on the status line (the latest-reported first)
+REFRESH_S = 0.25
+
+
+def _shown(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.4g}"
+
+
+class ProgramView:
+    """The program's output, and a status line of its metrics, time, steps/s and GPUs."""
+
+    def __init__(self, stderr: Any = None) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, file=stderr)
+        self.live: Any = None
+        self.values: dict[str, float | int] = {}
+        self.step: int | None = None
+        self.epoch: int | None = None
+        self.elapsed = 0.0
+        self.rate: float | None = None
+        self._rate_from: tuple[float, int] | None = None
+        self.gpus = "CPU"
+        self.program = ""
+        self._drawn = 0.0
+
+    # -- what the runner gives ------------------------------------------------------------
+    def output(self, line: str, stream: str) -> None:
+        if self.live is not None:
+            from rich.text import Text
+
+            self.live.console.print(Text(clean(line.replace("\t", "    "))), soft_wrap=True, highlight=False)
+        else:
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            try:
+                out.write(line + "\n")
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+    def show(self, event: dict[str, Any]) -> None:
+        event = typed(event)
+        kind = event.get("event")
+        if kind == "start":
+            gpus = event.get("gpus") or []
+            self.gpus = ("GPU " + ",".join(str(g) for g in gpus)) if gpus else "CPU"
+            self.program = clean(str(event.get("program") or ""))[:80]
+            elapsed = self.elapsed
+            note = " (resumed)" if event.get("resumed") else ""
+            self.console.print(self._text("run ", (event.get("run_id"), "bold"), ": ", (self.program, ""),
+                                          f" on {self.gpus}{note}"))
+            self.elapsed = elapsed
+            if self.console.is_terminal:
+                from rich.live import Live
+
+                self.live = Live(self._status(), console=self.console, auto_refresh=False, transient=True)
+                self.live.start()
+        elif kind == "metrics":
+            values = metric_values(event.get("values"))
+            self.values.update(values)
+            for name in values:  # the latest-reported first
+                self.values[name] = self.values.pop(name)
+            step = event.get("step")
+            if isinstance(step, int):
+                now = time.monotonic()
+                if self._rate_from is None:
+                    self._rate_from = (now, step)
+                elif now > self._rate_from[0] + 1.0:
+                    self.rate = (step - self._rate_from[1]) / (now - self._rate_from[0])
+                    self._rate_from = (now, step)
+                self.step = step
+            if isinstance(event.get("epoch"), int):
+                self.epoch = event["epoch"]
+            if isinstance(event.get("elapsed_s"), (int, float)):
+                self.elapsed = float(event["elapsed_s"])
+            self._draw()
+        elif kind in ("done", "interrupted", "error"):
+            if isinstance(event.get("elapsed_s"), (int, float)):
+                self.elapsed = float(event["elapsed_s"])
+            self.close()
+            if kind == "done":
+                self.console.print(self._text(("done", "green"), ": ", (self.status_text(), "")))
+            elif kind == "interrupted":
+                self.console.print(self._text(("interrupted", "yellow"), " (", (event.get("reason") or "", ""), "): ",
+                                              (self.status_text(), "")))
+        elif kind == "warning":
+            self.console.print(self._text(("warning: ", "yellow"), (event.get("message") or "", "")))
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    # -- the status line ------------------------------------------------------------------
+    def status_text(self) -> str:
+        parts = []
+        if self.step is not None:
+            parts.append(f"step {self.step}")
+        if self.epoch is not None:
+            parts.append(f"epoch {self.epoch}")
+        shown = list(self.values.items())[-STATUS_VALUES:][::-1]
+        if shown:
+            parts.append(" ".join(f"{clean(name)[:24]} {_shown(value)}" for name, value in shown))
+        parts.append(units.duration(self.elapsed))
+        if self.rate is not None:
+            parts.append(f"{self.rate:.3g} steps/s")
+        parts.append(self.gpus)
+        return " · ".join(parts)
+
+    def _status(self) -> Any:
+        from rich.text import Text
+
+        return Text(self.status_text(), style="bold", no_wrap=True, overflow="ellipsis")
+
+    def _draw(self) -> None:
+        now = time.monotonic()
+        if self.live is not None and now - self._drawn >= REFRESH_S:
+            self._drawn = now
+            self.live.update(self._status(), refresh=True)
+
+    @staticmethod
+    def _text(*parts: Any) -> Any:
+        from rich.text import Text
+
+        line = Text()
+        for part in parts:
+            if isinstance(part, tuple):
+                line.append(clean(str(part[0])), part[1])
+            else:
+                line.append(part)
+        return line
+
+
+class TerminalView:
+    """`gputui run` without --json: the progress bar of a built-in net, or a program's view,
+    chosen by the run's start event."""
+
+    def __init__(self) -> None:
+        self.inner: Any = None
+        self.pending: list[dict[str, Any]] = []
+
+    def _pick(self, event: dict[str, Any]) -> Any:
+        if self.inner is None:
+            if event.get("event") == "start" and "program" in event:
+                self.inner = ProgramView()
+            else:
+                from gputui.views.progress import ProgressView
+
+                self.inner = ProgressView()
+        return self.inner
+
+    def output(self, line: str, stream: str) -> None:
+        inner = self.inner
+        if isinstance(inner, ProgramView):
+            inner.output(line, stream)
+
+    def show(self, event: dict[str, Any]) -> None:
+        if self.inner is None and event.get("event") != "start":
+            if event.get("event") == "error":  # an error before any start: the command says it
+                return
+            self._pick(event)
+        self._pick(event).show(event)
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()

@@ -1,0 +1,253 @@
+"""The pieces of a program run that need no process: report lines checked, output lines matched,
+reports paced, the clock, the command's parameters, the GPU choice, and `gputui.report` itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputui.jobs import gpus
+from gputui.jobs.program import (
+    MAX_REPORT_LINE, Clock, OutputMetrics, Pacer, Record, Reports, find_program, substitute,
+)
+from gputui.model.errors import UserError
+from gputui.model.telemetry import GpuSample
+
+# pytorch/examples' MNIST (mnist/main.py) prints these; README's metrics_regex parses them.
+EXAMPLE_TRAIN = "Train Epoch: 1 [640/60000 (1%)]\tLoss: 0.812345"
+EXAMPLE_TEST = "Test set: Average loss: 0.0500, Accuracy: 9850/10000 (98%)"
+EXAMPLE_REGEX = [
+    r"Train Epoch: (?P<epoch>\d+) \[(?P<seen>\d+)/\d+ .*Loss: (?P<loss>[0-9.]+)",
+    r"Test set: Average loss: (?P<test_loss>[0-9.]+), Accuracy: \d+/\d+ \((?P<test_acc>[0-9.]+)%\)",
+]
+
+
+def test_a_report_line_becomes_a_record() -> None:
+    records = Reports().feed(b'{"step": 3, "epoch": 1, "values": {"loss": 0.5, "val_acc": 91}, "time": 12.5}\n')
+    assert records == [Record({"loss": 0.5, "val_acc": 91}, step=3, epoch=1, time=12.5)]
+
+
+def test_garbage_is_refused_counted_and_said_once() -> None:
+    reports = Reports()
+    got = reports.feed(b"not json\n[1, 2]\n{\"values\": 3}\n{\"values\": {\"x\": \"text\"}}\n"
+                       b'{"values": {"ok": 1}}\n')
+    assert [r.values for r in got] == [{"ok": 1}]
+    assert reports.tally.refused == 4
+    warning = reports.tally.warning()
+    assert warning is not None and "GPUTUI_EVENTS" in warning
+    assert reports.tally.warning() is None  # said once
+
+
+def test_values_that_are_not_finite_numbers_under_a_name_are_dropped() -> None:
+    reports = Reports()
+    line = json.dumps({"values": {"good": 1.5, "bool": True, "big": 10**30, "bad name!": 1, "": 2,
+                                  "x" * 65: 3, "nan": "NaN"}}).replace('"NaN"', "NaN")
+    [record] = reports.feed(line.encode() + b"\n")
+    assert record.values == {"good": 1.5}  # 10**30 is past 2**63: not a count or a number of ours
+    assert reports.dropped == 6
+
+
+def test_huge_numbers_and_hostile_places_do_not_pass() -> None:
+    [record] = Reports().feed(b'{"step": 1e300, "epoch": -1, "rank": "0", "values": {"a": 1e308}, "time": "x"}\n')
+    assert record.values == {"a": 1e308}
+    assert (record.step, record.epoch, record.rank, record.time) == (None, None, None, None)
+
+
+def test_a_line_too_long_is_dropped_whole_and_the_next_is_read(tmp_path: Path) -> None:
+    reports = Reports()
+    got = []
+    chunk = b"x" * (1 << 20)
+    for _ in range(3):  # 3 MiB without a newline, in pieces
+        got += reports.feed(chunk)
+    got += reports.feed(b'\n{"values": {"after": 1}}\n')
+    assert [r.values for r in got] == [{"after": 1}]
+    assert reports.lines.held <= MAX_REPORT_LINE
+    assert reports.tally.refused == 1
+
+
+def test_metrics_regex_reads_pytorch_examples_lines() -> None:
+    out = OutputMetrics(EXAMPLE_REGEX)
+    train = out.match(EXAMPLE_TRAIN)
+    assert train is not None and train.values == {"seen": 640, "loss": 0.812345} and train.epoch == 1
+    test = out.match(EXAMPLE_TEST)
+    assert test is not None and test.values == {"test_loss": 0.05, "test_acc": 98}
+    assert out.match("Epoch 1 went fine") is None
+    assert train.source == "output"
+
+
+def test_a_group_that_is_not_a_number_gives_nothing() -> None:
+    out = OutputMetrics([r"loss=(?P<loss>\S+)"])
+    assert out.match("loss=nan") is None and out.match("loss=0x1f") is None
+    assert out.match("loss=1e-3") is not None and out.match("loss=1e-3").values == {"loss": 0.001}
+
+
+def test_reports_are_paced_and_merged_never_lost() -> None:
+    pacer = Pacer(per_s=10)  # one event per 0.1 s
+    first = pacer.add(Record({"loss": 1.0}, step=1), now=0.0)
+    assert [(r.values, c) for r, c in first] == [({"loss": 1.0}, 1)]
+    assert pacer.add(Record({"loss": 0.9}, step=2), now=0.01) == []
+    assert pacer.add(Record({"acc": 0.5}, step=3), now=0.02) == []
+    assert pacer.due(now=0.05) == []  # not yet
+    [(merged, count)] = pacer.due(now=0.11)
+    assert merged.values == {"loss": 0.9, "acc": 0.5} and merged.step == 3 and count == 2
+    pacer.add(Record({"loss": 0.8}, step=4), now=0.12)
+    assert [r.step for r, _ in pacer.due(now=0.13, flush=True)] == [4]  # the end: whatever is held
+
+
+def test_ranks_are_paced_apart() -> None:
+    pacer = Pacer(per_s=10)
+    assert len(pacer.add(Record({"x": 1}, rank=0), now=0.0)) == 1
+    assert len(pacer.add(Record({"x": 2}, rank=1), now=0.0)) == 1
+
+
+def test_the_clock_goes_on_from_a_resumed_run_and_never_back() -> None:
+    clock = Clock(before_s=100.0, started_wall=1000.0, started=0.0)
+    import time as _time
+
+    clock.started = _time.monotonic() - 5.0  # five seconds into this attempt
+    assert 104.9 <= clock.elapsed(said_wall=1004.95) <= 105.5
+    assert clock.elapsed(said_wall=1001.0) >= 104.9  # an earlier time said later: never back
+    assert clock.elapsed(said_wall=10**12) <= 106.0  # the future: now, not then
+    assert clock.elapsed(said_wall=5.0) <= 106.0  # before the attempt: now
+
+
+def test_parameters_are_substituted_into_the_command() -> None:
+    command = ["python", "train.py", "--lr", "{lr}", "--name=run-{width}", "{unknown}", "{{lr}}"]
+    assert substitute(command, {"lr": 0.001, "width": 64}) == [
+        "python", "train.py", "--lr", "0.001", "--name=run-64", "{unknown}", "{0.001}"]
+    assert substitute(command, {}) == command
+
+
+def test_a_missing_program_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such program on PATH"):
+        find_program("surely-not-a-program-xyz", tmp_path, os.environ.get("PATH", ""))
+    (tmp_path / "train.sh").write_text("#!/bin/sh\n")
+    with pytest.raises(UserError, match="not executable"):
+        find_program("./train.sh", tmp_path, "")
+    (tmp_path / "train.sh").chmod(0o700)
+    assert find_program("./train.sh", tmp_path, "") == str(tmp_path / "train.sh")
+    with pytest.raises(UserError, match="does not exist"):
+        find_program("./nope.sh", tmp_path, "")
+
+
+def sample(index: int, used: float, util: float, total: float = 80000) -> GpuSample:
+    return GpuSample(index=index, mem_used_mib=used, mem_total_mib=total, util_pct=util)
+
+
+def test_auto_takes_the_least_used_gpus() -> None:
+    found = [sample(0, 70000, 90), sample(1, 500, 5), sample(2, 500, 50), sample(3, 40000, 0)]
+    choice = gpus.choose("auto", None, 2, {}, read=lambda: (found, None))
+    assert choice.visible == (1, 2) and "least-used" in choice.why
+    assert choice.env() == {"CUDA_VISIBLE_DEVICES": "1,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_named_gpus_and_cpu_and_the_environment_win() -> None:
+    never = lambda: pytest.fail("NVML read although the choice was given")  # noqa: E731
+    assert gpus.choose("auto", (3, 1), 2, {}, read=never).visible == (3, 1)
+    assert gpus.choose("cuda:2", None, 1, {}, read=never).visible == (2,)
+    cpu = gpus.choose("cpu", None, 1, {}, read=never)
+    assert cpu.visible == () and cpu.env()["CUDA_VISIBLE_DEVICES"] == "" and cpu.device == "cpu"
+    kept = gpus.choose("auto", None, 1, {"CUDA_VISIBLE_DEVICES": "5"}, read=never)
+    assert kept.visible is None and kept.env() == {} and "kept" in kept.why
+
+
+def test_no_gpu_runs_as_it_would_and_too_many_is_one_line() -> None:
+    none = gpus.choose("auto", None, 1, {}, read=lambda: ([], "no NVIDIA driver"))
+    assert none.visible is None and none.device == "cpu" and "no NVIDIA driver" in none.why
+    with pytest.raises(UserError, match="no GPU found"):
+        gpus.choose("cuda", None, 1, {}, read=lambda: ([], "no NVIDIA driver"))
+    with pytest.raises(UserError, match="--nproc 1 or fewer"):
+        gpus.choose("auto", None, 2, {}, read=lambda: ([sample(0, 0, 0)], None))
+
+
+# -- gputui.report, in a process of its own (its environment is read at import) ----------------------
+
+def run_report(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_report_imports_neither_torch_nor_the_rest_of_gputui(tmp_path: Path) -> None:
+    done = run_report("import sys\nfrom gputui import report\n"
+                      "print(sorted(m for m in sys.modules if m.startswith(('gputui', 'torch', 'numpy', 'psutil'))))",
+                      {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['gputui', 'gputui.report']"
+
+
+def test_report_writes_lines_gputui_reads(tmp_path: Path) -> None:
+    events = tmp_path / "reported.jsonl"
+    code = ("from gputui import report\n"
+            "report.log(step=1, epoch=0, loss=0.5, acc=1)\n"
+            "report.log(loss=float('nan'), ok=2.0)\n"
+            "try:\n    report.log(loss='low')\nexcept TypeError as e:\n    print('refused', e)\n"
+            "try:\n    report.log(step=1.5, x=1)\nexcept TypeError as e:\n    print('refused', e)\n")
+    done = run_report(code, {"GPUTUI_EVENTS": str(events)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("refused") == 2
+    records = Reports().feed(events.read_bytes())
+    assert [(r.values, r.step, r.epoch) for r in records] == [({"loss": 0.5, "acc": 1}, 1, 0), ({"ok": 2.0}, None, None)]
+
+
+def test_only_rank_0_reports_unless_all_ranks(tmp_path: Path) -> None:
+    events = tmp_path / "reported.jsonl"
+    code = "from gputui import report\nreport.log(x=1)\nreport.log(y=2, all_ranks=True)\n"
+    for rank in ("0", "1"):
+        assert run_report(code, {"GPUTUI_EVENTS": str(events), "RANK": rank}).returncode == 0
+    records = Reports().feed(events.read_bytes())
+    assert [(r.values, r.rank) for r in records] == [({"x": 1}, None), ({"y": 2}, 0), ({"y": 2}, 1)]
+
+
+def test_report_outside_gputui_is_harmless(tmp_path: Path) -> None:
+    code = ("from gputui import report\nreport.log(x=1)\n"
+            "print(report.resuming(), report.trial(), report.should_stop(), report.checkpoint_dir())")
+    env = {k: "" for k in ("GPUTUI_EVENTS", "GPUTUI_TRIAL", "GPUTUI_RESUME", "GPUTUI_STOP_FILE", "GPUTUI_CHECKPOINT_DIR")}
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "{}", "False", "checkpoints"]
+    assert (tmp_path / "checkpoints").is_dir() and list(tmp_path.iterdir()) == [tmp_path / "checkpoints"]
+
+
+def test_trial_resuming_and_checkpoint_dir_come_from_gputui(tmp_path: Path) -> None:
+    code = ("from gputui import report\n"
+            "print(report.resuming(), report.trial()['lr'], report.checkpoint_dir())")
+    done = run_report(code, {"GPUTUI_RESUME": "1", "GPUTUI_TRIAL": '{"lr": 0.01}',
+                             "GPUTUI_CHECKPOINT_DIR": str(tmp_path / "ck")})
+    assert done.stdout.split() == ["True", "0.01", str(tmp_path / "ck")]
+    assert run_report("from gputui import report\nprint(report.trial())", {"GPUTUI_TRIAL": "[1]"}).stdout.strip() == "{}"
+
+
+def test_should_stop_turns_true_on_sigterm_and_on_the_stop_file(tmp_path: Path) -> None:
+    stop = tmp_path / "stop"
+    code = ("import os, signal, sys, time\nfrom gputui import report\n"
+            "print(report.should_stop(), flush=True)\n"
+            "if sys.argv[1] == 'signal':\n    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "else:\n    open(os.environ['GPUTUI_STOP_FILE'], 'w').close()\n"
+            "deadline = time.monotonic() + 30\n"
+            "while not report.should_stop() and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
+            "print(report.should_stop())\n")
+    env = {**os.environ, "GPUTUI_EVENTS": str(tmp_path / "r.jsonl"), "GPUTUI_STOP_FILE": str(stop)}
+    for how in ("signal", "file"):
+        stop.unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, "-c", code, how], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr  # SIGTERM did not end it: it asked it to stop
+        assert done.stdout.split() == ["False", "True"], how
+
+
+def test_a_forked_child_still_ends_on_sigterm(tmp_path: Path) -> None:
+    """A data loader's worker forked after `import gputui.report` must not keep the stop handler."""
+    code = ("import os, signal, sys\nfrom gputui import report\n"
+            "r, w = os.pipe()\npid = os.fork()\n"
+            "if pid == 0:\n    os.write(w, b'up')\n    while True:\n        signal.pause()\n"
+            "os.read(r, 2)\n"  # the child runs Python code: the signal is not lost in the fork itself
+            "os.kill(pid, signal.SIGTERM)\n_, status = os.waitpid(pid, 0)\n"
+            "print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)\n")
+    done = run_report(code, {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")})
+    assert done.stdout.strip() == "True", done.stderr
