@@ -17,7 +17,9 @@ def register(subparsers: Any) -> None:
         "runs", help="list past runs; export a run's curves",
         description="List the runs in the default location (or --dir): id, start, model, device and strategy, "
         "epochs, best and final test accuracy, training time, cost (from the cost ledger) and state "
-        "(done, interrupted, failed, running, or stopped: ended without a last event).")
+        "(done, interrupted, failed, running, or stopped: ended without a last event). "
+        "A run of your own program shows its program's name as the model, the last epoch it reported, "
+        "and its [run] objective's best (with its name) and last value in the accuracy columns.")
     runs.add_argument("--json", action="store_true", help="print the runs as one JSON document on stdout")
     runs.add_argument("--dir", type=Path, metavar="DIR", help="list the runs under DIR (default: the user data dir's runs)")
     runs.set_defaults(handler=cmd_runs)
@@ -25,7 +27,9 @@ def register(subparsers: Any) -> None:
     export = actions.add_parser(
         "export", help="write a run's curves to CSV",
         description="Write a run's curves as CSV, one row per step, eval or epoch event: "
-        "step, epoch, elapsed_s, time, loss, l1, samples_per_s, lr, train_loss, test_loss, test_acc.")
+        "step, epoch, elapsed_s, time, loss, l1, samples_per_s, lr, train_loss, test_loss, test_acc. "
+        "A run of your own program (gputui run -- PROGRAM): one row per metrics event, "
+        "elapsed_s, step, epoch, then a column for every metric it reported (first seen first).")
     export.add_argument("run_id", metavar="RUN_ID", help="a run id from `gputui runs`, 'last', or a run directory")
     export.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV to FILE (stdout without FILE)")
     export.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
@@ -68,14 +72,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(f"runs export {args.run_id}: name the format: --csv [FILE] (stdout without FILE)")
     home = args.dir.expanduser() if getattr(args, "dir", None) is not None else runs_home()
     run = runs.find(args.run_id, home, flag="runs export")
-    rows = history.curve_rows(run.events)  # streamed: a long run's file is never read whole
+    # streamed: a long run's file is never read whole
     if args.csv == "-":
-        history.write_csv(rows, sys.stdout)
+        history.write_run_csv(run.events, sys.stdout)
         return 0
     target = Path(args.csv).expanduser()
     try:
         with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
-            count = history.write_csv(rows, fh)
+            count = history.write_run_csv(run.events, fh)
     except OSError as exc:
         raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
     print(f"wrote {count} rows of run {run.run_id} to {target}", file=sys.stderr)

@@ -4,6 +4,10 @@ No UI and no torch: `gputui runs` prints these records and the dashboard's runs 
 the same ones. Everything read from a run directory (events, profile) is data: numbers go through
 `gputui.model.events.typed`, text is kept as it is (the views clean it and never treat it as markup).
 
+A run of the user's own program (`gputui run -- PROGRAM`) is listed with its program's name where
+a net's model is (`program_name`), and its objective's last and best value where a net's
+accuracies are; its CSV export has a column for every metric it reported (`metric_columns`).
+
 States: `done`, `interrupted` and `failed` come from the run's last word (its done, interrupted
 or error event, or the cost ledger's record of a failure); a run that has not ended is `running`
 while a process on this machine holds its event log open for writing, and `stopped` otherwise
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import csv
 import math
+import re
+import shlex
 import sqlite3
 import sys
 import time
@@ -62,6 +68,13 @@ class RunSummary:
     state: str
     detail: str | None  # why it ended that way: the error's line, the interruption's reason
     last_event: float | None  # the time of its last event
+    # A run of the user's own program (None for the built-in nets; `model` is then its program_name):
+    program: str | None = None  # the command, as one string
+    objective: str | None = None  # the metric named by [run] objective
+    direction: str | None = None  # "maximize" or "minimize"
+    objective_last: float | None = None
+    objective_best: float | None = None
+    epoch: int | None = None  # the last epoch the program reported
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,9 +91,21 @@ def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, 
     """
     if digest is None:
         digest = summaries.read(run) if events is None else summaries.of_events(events)
+    state, detail = _state(digest, writing, ledger_status)
+    program = digest.program
+    if program is None and not digest.has_start:  # not started yet: its profile says what it will run
+        command = _profile(run.profile).get("command")
+        if isinstance(command, list) and command and all(isinstance(word, str) for word in command):
+            program = shlex.join(command)
+    if program is not None:  # the program's own: no model, no epochs to reach (a profile's are the defaults')
+        return RunSummary(
+            run_id=run.run_id, path=str(run.path), started=digest.started, model=program_name(program),
+            device=digest.device, strategy=digest.strategy, world_size=digest.world_size, epochs_done=0, epochs=None,
+            best_acc=None, final_acc=None, train_s=digest.train_s, cost_usd=cost_usd, state=state, detail=detail,
+            last_event=digest.last_time, program=program, objective=digest.objective, direction=digest.direction,
+            objective_last=digest.objective_last, objective_best=digest.objective_best, epoch=digest.program_epoch)
     needs_profile = not all((digest.model, digest.device, digest.strategy, digest.epochs))
     profile = _profile(run.profile) if needs_profile else {}  # a start event says it all: no file read
-    state, detail = _state(digest, writing, ledger_status)
     return RunSummary(
         run_id=run.run_id,
         path=str(run.path),
@@ -99,6 +124,49 @@ def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, 
         detail=detail,
         last_event=digest.last_time,
     )
+
+
+# Words before the program's own name: interpreters and launchers (a version suffix allowed: python3.11).
+_LAUNCHERS = re.compile(r"(python|pypy|py|torchrun|accelerate|deepspeed|launch|run|exec|uv|poetry|pipenv|conda|"
+                        r"env|nice|nohup|time|stdbuf|taskset|numactl|srun|mpirun|mpiexec|sh|bash|zsh|node|deno|bun|"
+                        r"ruby|perl|julia|rscript|java|lua|php)[0-9.]*(\.exe)?", re.IGNORECASE)
+_SCRIPT = re.compile(r".+\.(py|sh|jl|r|js|mjs|ts|rb|pl|lua|php|ipynb)", re.IGNORECASE)
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")  # env VAR=value python ...
+NAME_CHARS = 32  # what a listing shows of a program's name
+
+
+def program_name(program: str) -> str:
+    """A program run's short name, for the model column: the script a launcher runs ("train.py" of
+    `python -u train.py --lr 3`, "mypkg.train" of `python -m mypkg.train`), else the first word
+    that is not an interpreter, a launcher, a flag or a number, else the first word; its last path
+    part, at most NAME_CHARS characters. Text from a run directory: the views show it as Text."""
+    from gputui.model.text import clean
+
+    try:
+        words = shlex.split(program)
+    except ValueError:  # not as shlex.join writes it: words apart
+        words = program.split()
+    words = [word for word in words if word]
+    if not words:
+        return clean(program, NAME_CHARS) or "?"
+    if "-c" in words[:-1] and not any(_SCRIPT.fullmatch(word) for word in words[:words.index("-c")]):
+        words = words[:words.index("-c")]  # python -c CODE: the interpreter's name, not the code
+    named = [word for word in words if not word.startswith("-") and not _ASSIGNMENT.fullmatch(word)
+             and not _LAUNCHERS.fullmatch(_last_part(word)) and not _is_number(word)]
+    pick = next((word for word in named if _SCRIPT.fullmatch(word)), named[0] if named else words[0])
+    return clean(_last_part(pick) or pick, NAME_CHARS)
+
+
+def _last_part(word: str) -> str:
+    return word.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _state(digest: summaries.Digest, writing: bool | None, ledger_status: str | None) -> tuple[str, str | None]:
@@ -178,9 +246,20 @@ def cells(s: RunSummary) -> list[str]:
     strategy = s.strategy or units.NA
     if s.world_size is not None and s.world_size > 1:
         strategy += f" x{s.world_size}"
+    if s.program is not None:  # a program: its last epoch, its objective's best (named) and last
+        epochs = units.NA if s.epoch is None else str(s.epoch)
+        best = units.NA if s.objective is None else f"{s.objective} {_value(s.objective_best)}"
+        return [s.run_id, started, s.model or units.NA, s.device or units.NA, strategy, epochs, best,
+                units.NA if s.objective is None else _value(s.objective_last),
+                units.duration(s.train_s), units.money(s.cost_usd), s.state, s.detail or ""]
     return [s.run_id, started, s.model or units.NA, s.device or units.NA, strategy,
             f"{s.epochs_done}/{s.epochs if s.epochs is not None else '?'}", _pct(s.best_acc), _pct(s.final_acc),
             units.duration(s.train_s), units.money(s.cost_usd), s.state, s.detail or ""]
+
+
+def _value(value: float | None) -> str:
+    """A metric's value as a listing shows it: four significant digits (0.9812, 1.234e-05)."""
+    return "n/a" if value is None else f"{value:.4g}"
 
 
 def _pct(value: float | None) -> str:
@@ -276,19 +355,95 @@ def write_csv(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
     return count
 
 
+# -- a program run's metrics ------------------------------------------------------------------------
+
+PROGRAM_COLUMNS = ("elapsed_s", "step", "epoch")  # then "rank" if any report has one, then each metric
+MAX_METRIC_COLUMNS = 1000  # metric names past this many (a program naming a new one each step) get no column
+METRIC_NAME_CHARS = 200
+
+
+def is_program_run(events_path: Path) -> bool:
+    """Whether a run is one of the user's own program: its first start event has `program` (or,
+    before its first event, its profile has a [run] command)."""
+    for raw in runs.iter_events(events_path):
+        if raw.get("event") == "start":
+            return isinstance(raw.get("program"), str)
+    return isinstance(_profile(events_path.parent / runs.PROFILE).get("command"), list)
+
+
+def metric_columns(events_path: Path, end: int | None = None) -> tuple[list[str], bool]:
+    """The metric names of a program run's metrics events in the order first seen (at most
+    MAX_METRIC_COLUMNS), and whether any event has a rank (reports with all_ranks=True); streamed."""
+    names: dict[str, None] = {}
+    ranked = False
+    for raw in runs.iter_events(events_path, end=end):
+        if raw.get("event") != "metrics":
+            continue
+        event = typed(raw)
+        ranked = ranked or _int(event.get("rank")) is not None
+        for name in event["values"] if "values" in event else ():
+            if name not in names and len(names) < MAX_METRIC_COLUMNS:
+                names[name] = None
+    return list(names), ranked
+
+
+def csv_header_name(name: str) -> str:
+    """A metric's name as a CSV header cell: one printable line, not too long, never read as a
+    formula by a spreadsheet (a leading =, +, - or @ gets a quote before it)."""
+    from gputui.model.text import clean
+
+    text = clean(name, METRIC_NAME_CHARS)
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+
+
+def write_metrics_csv(events_path: Path, out: TextIO) -> int:
+    """A program run's metrics as CSV, one row per metrics event: elapsed_s, step, epoch (rank,
+    when reports have one), then every metric in the order first seen, empty where the event
+    lacks it. The file is streamed twice (the names, then the rows), up to where it ended when
+    this began. Returns the rows written."""
+    try:
+        end = events_path.stat().st_size
+    except OSError:
+        end = 0
+    names, ranked = metric_columns(events_path, end)
+    place = list(PROGRAM_COLUMNS) + (["rank"] if ranked else [])
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(place + [csv_header_name(name) for name in names])
+    count = 0
+    for raw in runs.iter_events(events_path, end=end) if end else ():
+        if raw.get("event") != "metrics":
+            continue
+        event = typed(raw)
+        values = event.get("values") or {}
+        writer.writerow([_cell(event.get(column)) for column in place] + [_cell(values.get(name)) for name in names])
+        count += 1
+    return count
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def write_run_csv(events_path: Path, out: TextIO) -> int:
+    """A run's CSV: a program run's metrics (write_metrics_csv), a built-in net's curves
+    (CSV_COLUMNS). Returns the rows written."""
+    if is_program_run(events_path):
+        return write_metrics_csv(events_path, out)
+    return write_csv(curve_rows(events_path), out)  # streamed, never the whole file
+
+
 def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]:
-    """Write the run's curves as CSV, in the format of `gputui runs export RUN_ID --csv` (the
-    dashboard's curves panel exports with it), to `out` (default: curves.csv in the run
-    directory). Returns the path and the rows written."""
+    """Write the run's curves (a program run: its metrics) as CSV, in the format of `gputui runs
+    export RUN_ID --csv` (the dashboard's curves panel exports with it), to `out` (default:
+    curves.csv in the run directory). Returns the path and the rows written."""
     path = Path(run_dir).expanduser()
     events_path = path / runs.EVENTS
     if not events_path.is_file():
         raise UserError(f"{path}: no {runs.EVENTS} there, nothing to export")
     target = out if out is not None else path / CSV_NAME
-    rows = curve_rows(events_path)  # streamed, never the whole file
     try:
         with open(target, "w", encoding="utf-8", newline="", opener=user_opener) as fh:  # the user's umask
-            count = write_csv(rows, fh)
+            count = write_run_csv(events_path, fh)
     except OSError as exc:
         raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
     return target, count

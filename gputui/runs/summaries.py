@@ -8,6 +8,12 @@ UTF-8 replaced), what a listing needs is folded into a `Digest`, and the digest 
 modification time. A later listing of a run that has not changed reads only that file; a run
 that has grown since (it is still going) is folded on from where the last one stopped.
 
+A run of the user's own program (its start event has `program`) is folded too: its command, its
+objective (a metric name, with the direction that makes it better) and that metric's last and
+best value from the `metrics` events (rank 0's, or a report without a rank), and the last epoch
+it reported. Every metrics line is parsed (a best value needs them all; gputui writes at most
+50 a second).
+
 Everything in an events file or a summary.json is data: numbers go through
 `gputui.model.events.typed`, a summary.json that is not what this module writes is ignored.
 """
@@ -27,9 +33,10 @@ from gputui.model.events import ENDS, typed
 from gputui.model.outside import finite as _num  # the one helper for a number read from a file
 
 SUMMARY = "summary.json"
-FORMAT = 1
+FORMAT = 2  # 2: the program run's fields (a format-1 file is folded again)
 _CHECK_BYTES = 64  # the bytes before the cached offset, kept to tell a grown file from a rewritten one
 _EVAL_KINDS = ("eval", "epoch", "done")
+DIRECTIONS = ("maximize", "minimize")  # [run] direction; an objective is maximized unless told otherwise
 
 
 def _int(value: Any) -> int | None:
@@ -61,6 +68,13 @@ class Digest:
     last_text: str | None = None  # the interruption's reason, the error's message
     done_epochs: int | None = None  # the last word's epochs, when it is done
     last_time: float | None = None  # the last event's time
+    # A run of the user's own program (None for the built-in nets):
+    program: str | None = None  # the latest start's command, as one string
+    objective: str | None = None  # the metric it is judged by ([run] objective), when one is named
+    direction: str | None = None  # "maximize" or "minimize"
+    objective_last: float | None = None  # that metric's last value
+    objective_best: float | None = None  # and its best, in `direction`
+    program_epoch: int | None = None  # the last epoch a metrics event named
 
     def fold(self, raw: Mapping[str, Any]) -> None:
         """Take one more event (read from a file: data)."""
@@ -73,6 +87,9 @@ class Digest:
             self.model, self.device = _str(event.get("model")), _str(event.get("device"))
             self.strategy = _str(event.get("strategy"))
             self.world_size, self.epochs = _int(event.get("world_size")), _int(event.get("epochs"))
+            self._program(event)
+        elif kind == "metrics":
+            self._metrics(event)
         elif kind == "epoch":
             self.epochs_done = max(self.epochs_done, _int(event.get("epoch")) or 0)
         if kind in _EVAL_KINDS:
@@ -90,6 +107,35 @@ class Digest:
             self.last_text = _str(event.get("reason" if kind == "interrupted" else "message"))
             self.done_epochs = _int(event.get("epochs")) if kind == "done" else None
         self.last_time = _num(event.get("time"))
+
+    def _program(self, start: Mapping[str, Any]) -> None:
+        """A start event's program fields (a built-in net's start clears them)."""
+        self.program = _str(start.get("program"))
+        objective = _str(start.get("objective")) if self.program is not None else None
+        if objective != self.objective:  # a resume names the same one; another is another measure
+            self.objective_last = self.objective_best = None
+        self.objective = objective
+        direction = _str(start.get("direction"))
+        self.direction = None if self.program is None else direction if direction in DIRECTIONS else DIRECTIONS[0]
+        if self.program is None:
+            self.program_epoch = None
+
+    def _metrics(self, event: Mapping[str, Any]) -> None:
+        rank = event.get("rank")
+        if rank not in (None, 0):  # another rank's own numbers (all_ranks=True): not the run's
+            return
+        epoch = _int(event.get("epoch"))
+        if epoch is not None:
+            self.program_epoch = epoch
+        if self.objective is None:
+            return
+        value = _num(event.get("values", {}).get(self.objective))
+        if value is None:
+            return
+        self.objective_last = value
+        best = self.objective_best
+        if best is None or (value < best if self.direction == "minimize" else value > best):
+            self.objective_best = value
 
     def fold_all(self, events: Iterable[Any]) -> "Digest":
         for event in events:
@@ -121,11 +167,13 @@ class Digest:
         checks = (
             isinstance(digest.events, int) and isinstance(digest.epochs_done, int) and isinstance(digest.has_start, bool),
             all(getattr(digest, name) is None or _str(getattr(digest, name)) is not None
-                for name in ("model", "device", "strategy", "last_kind", "last_text")),
+                for name in ("model", "device", "strategy", "last_kind", "last_text", "program", "objective")),
+            digest.direction is None or digest.direction in DIRECTIONS,
             all(getattr(digest, name) is None or _int(getattr(digest, name)) is not None
-                for name in ("world_size", "epochs", "done_epochs")),
+                for name in ("world_size", "epochs", "done_epochs", "program_epoch")),
             all(getattr(digest, name) is None or _num(getattr(digest, name)) is not None
-                for name in ("started", "best_acc", "final_acc", "done_best", "train_s", "last_time")),
+                for name in ("started", "best_acc", "final_acc", "done_best", "train_s", "last_time",
+                             "objective_last", "objective_best")),
         )
         return digest if all(checks) else None
 
