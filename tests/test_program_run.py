@@ -1,0 +1,333 @@
+"""`gputui run -- PROGRAM`: a user's program as a run, end to end through the command line.
+
+The program here is a small Python script written per test (the shipped examples have their own
+tests in test_program_examples.py). It notes the pid of itself and of every process it starts
+in `pids`, so each test can check that nothing of the run is left once the command ended,
+whichever way it ended (issue 18's stop matrix, for programs). Every signal follows an event
+of the run (its first `metrics` event, or gputui's stop file for the second Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import cli_env
+from .proc_support import Child, wait_until
+from .test_program_parts import EXAMPLE_REGEX
+
+pytestmark = pytest.mark.timeout(240)
+GONE_S = 30.0  # the whole tree ends within this once the command has (a slow machine's scheduling)
+
+PROGRAM = r'''
+import os, signal, subprocess, sys, time
+from pathlib import Path
+from gputui import report
+
+mode = sys.argv[1]
+pids = Path(sys.argv[2])
+kids = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"]),
+        subprocess.Popen([sys.executable, "-c",  # a grandchild of its own session that ignores SIGTERM
+                          "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                          "while True: time.sleep(0.2)"], start_new_session=True)]
+pids.write_text(" ".join(str(p) for p in [os.getpid(), *(k.pid for k in kids)]))
+if mode == "stubborn":  # ignores every stop request: only SIGKILL ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ck = report.checkpoint_dir() / "step.txt"
+step = int(ck.read_text()) if report.resuming() and ck.exists() else 0
+print("starting at", step, "resuming", report.resuming(), flush=True)
+end = step + (5 if mode == "short" else 10**9)
+while step < end:
+    if mode != "stubborn" and report.should_stop():
+        ck.write_text(str(step))
+        print("saved at", step, flush=True)
+        sys.exit(0)
+    report.log(step=step, epoch=step // 10, loss=1.0 / (step + 1))
+    step += 1
+    time.sleep(0.02)
+ck.write_text(str(step))
+if mode == "short":
+    print("oops: the last line of stderr", file=sys.stderr)
+    sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+'''
+
+
+def program(tmp_path: Path) -> Path:
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM, encoding="utf-8")
+    return path
+
+
+def argv(*words: str) -> list[str]:
+    return [sys.executable, "-m", "gputui", *words]
+
+
+def pids_of(tmp_path: Path) -> list[int]:
+    path = tmp_path / "pids"
+    wait_until(lambda: path.exists() and path.read_text().strip(), 60, "the program to note its pids")
+    return [int(p) for p in path.read_text().split()]
+
+
+def assert_none_left(pids: list[int], what: str) -> None:
+    def alive() -> list[int]:
+        out = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    out.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    wait_until(lambda: not alive(), GONE_S, f"every process of the program to end after {what}", detail=alive)
+
+
+def events_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def start(tmp_path: Path, mode: str, *flags: str, env: dict[str, str] | None = None) -> Child:
+    return Child(argv("run", "--json", "--run-dir", str(tmp_path / "run"), *flags, "--", "python",
+                      str(program(tmp_path)), mode, str(tmp_path / "pids")),
+                 env=cli_env(**(env or {})), cwd=tmp_path, start_new_session=True)
+
+
+def test_a_program_run_ends_done_with_its_metrics_and_output(tmp_path: Path) -> None:
+    with start(tmp_path, "short", "--device", "cpu") as child:
+        code = child.finish(120)
+    assert code == 0, child._seen()
+    first = child.events[0]
+    assert first["event"] == "start" and first["program"].startswith("python ") and first["program"].endswith("pids")
+    assert first["workdir"] == str(tmp_path) and first["gpus"] == [] and first["device"] == "cpu"
+    metrics = [e for e in child.events if e["event"] == "metrics"]
+    assert metrics and all(set(e["values"]) == {"loss"} for e in metrics)
+    assert metrics[-1]["step"] == 4 and metrics[-1]["values"]["loss"] == pytest.approx(0.2)
+    assert child.events[-1]["event"] == "done" and child.events[-1]["exit_code"] == 0
+    assert events_of(tmp_path / "run") == child.events  # the same events are in the run's file
+    output = (tmp_path / "run" / "output.log").read_text()
+    assert "starting at 0 resuming False" in output and "oops: the last line of stderr" in output
+    assert_none_left(pids_of(tmp_path), "the program ended by itself (its children did not)")
+
+
+def test_the_program_sees_gputuis_environment(tmp_path: Path) -> None:
+    code = ("import json, os\nkeys = ['GPUTUI_RUN_DIR', 'GPUTUI_EVENTS', 'GPUTUI_CHECKPOINT_DIR', 'GPUTUI_RESUME',"
+            " 'GPUTUI_TRIAL', 'CUDA_VISIBLE_DEVICES', 'MINE']\n"
+            "print(json.dumps({k: os.environ.get(k) for k in keys}))\n")
+    (tmp_path / "env.py").write_text(code)
+    done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--", "python", "env.py"),
+                          cwd=tmp_path, env=cli_env(MINE="yes"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][0])
+    run = tmp_path / "run"
+    assert seen == {"GPUTUI_RUN_DIR": str(run), "GPUTUI_EVENTS": str(run / "reported.jsonl"),
+                    "GPUTUI_CHECKPOINT_DIR": str(run / "checkpoints"), "GPUTUI_RESUME": "0", "GPUTUI_TRIAL": "{}",
+                    "CUDA_VISIBLE_DEVICES": "", "MINE": "yes"}
+
+
+def test_a_non_zero_exit_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    with start(tmp_path, "short", env={"EXIT_WITH": "3"}) as child:
+        code = child.finish(120)
+        stderr = child.stderr_rest(10)
+    assert code == 1
+    error = child.events[-1]
+    assert error["event"] == "error" and error["exit_code"] == 3
+    assert error["message"] == "python exited with code 3: oops: the last line of stderr"
+    said = [line for line in stderr if line.startswith("gputui:")]
+    assert said == ["gputui: error: python exited with code 3: oops: the last line of stderr"]
+    assert "Traceback" not in "\n".join(stderr)
+
+
+def test_a_missing_program_is_one_line_and_leaves_no_run(tmp_path: Path) -> None:
+    done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "no-such-program-here", "--x"),
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gputui: error: no-such-program-here: no such program on PATH (give its path, e.g. ./no-such-program-here, "
+        "or python no-such-program-here)"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_a_stop_lets_the_program_save_then_resume_continues(tmp_path: Path, how: str) -> None:
+    with start(tmp_path, "forever") as child:
+        child.wait_for(lambda e: e.get("event") == "metrics" and e.get("step", 0) >= 3, 120, "a few metrics")
+        pids = pids_of(tmp_path)
+        child.proc.send_signal(getattr(signal, how))
+        code = child.finish(120)
+    assert code == 0, child._seen()
+    end = child.events[-1]
+    assert end["event"] == "interrupted" and end["reason"] == how
+    assert end["checkpoint"] == str(tmp_path / "run" / "checkpoints")
+    saved = int((tmp_path / "run" / "checkpoints" / "step.txt").read_text())
+    assert saved >= 3
+    assert_none_left(pids, f"{how} (the grandchild ignores SIGTERM: it is SIGKILLed)")
+    if how == "SIGTERM":
+        return
+    (tmp_path / "pids").unlink()
+    with Child(argv("run", "--json", "--resume", str(tmp_path / "run")), env=cli_env(), cwd="/") as again:
+        again.wait_for(lambda e: e.get("event") == "metrics", 120, "a metrics event after the resume")
+        again.proc.send_signal(signal.SIGINT)
+        assert again.finish(120) == 0, again._seen()
+    start_again = again.events[0]
+    assert start_again["event"] == "start" and start_again["resumed"] is True
+    first = next(e for e in again.events if e["event"] == "metrics")
+    assert first["step"] == saved  # the program's own checkpoint: it went on where it stopped
+    assert first["elapsed_s"] >= end["elapsed_s"]  # the clock goes on
+    output = (tmp_path / "run" / "output.log").read_text()
+    assert f"starting at {saved} resuming True" in output
+    assert [e["event"] for e in events_of(tmp_path / "run")].count("start") == 2  # one file, both attempts
+
+
+def test_a_second_ctrl_c_kills_a_program_that_ignores_the_first(tmp_path: Path) -> None:
+    with start(tmp_path, "stubborn") as child:
+        child.wait_for(lambda e: e.get("event") == "metrics", 120, "the first metrics event")
+        pids = pids_of(tmp_path)
+        child.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: (tmp_path / "run" / "stop").exists(), 60, "gputui to ask the program to stop")
+        child.proc.send_signal(signal.SIGINT)
+        code = child.finish(60)
+        stderr = "\n".join(child.stderr_rest(10))
+    assert code == 130 and "Traceback" not in stderr
+    assert_none_left(pids, "two Ctrl-C")
+
+
+def test_a_program_that_ignores_stop_is_killed_after_stop_grace_s(tmp_path: Path) -> None:
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[run]\ncommand = ["python", "prog.py", "stubborn", "{tmp_path / "pids"}"]\nstop_grace_s = 2\n')
+    program(tmp_path)
+    with Child(argv("run", "--json", "--profile", str(profile), "--run-dir", str(tmp_path / "run")), env=cli_env(),
+               cwd="/") as child:
+        child.wait_for(lambda e: e.get("event") == "metrics", 120, "the first metrics event")
+        assert child.events[0]["workdir"] == str(tmp_path)  # the profile's directory
+        pids = pids_of(tmp_path)
+        child.proc.send_signal(signal.SIGTERM)
+        code = child.finish(60)
+    assert code == 0 and child.events[-1]["event"] == "interrupted"
+    assert child.events[-1]["exit_code"] == 128 + signal.SIGKILL
+    assert "checkpoint" not in child.events[-1]  # it saved nothing
+    assert_none_left(pids, "SIGTERM and the grace")
+
+
+def test_sigkill_of_the_command_leaves_nothing(tmp_path: Path) -> None:
+    """The keeper gets SIGTERM when gputui dies (its parent-death signal), passes it on, and
+    SIGKILLs what is left after [run] stop_grace_s (2 s here)."""
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[run]\ncommand = ["python", "prog.py", "stubborn", "{tmp_path / "pids"}"]\nstop_grace_s = 2\n')
+    program(tmp_path)
+    with Child(argv("run", "--json", "--profile", str(profile), "--run-dir", str(tmp_path / "run")), env=cli_env(),
+               cwd="/") as child:
+        child.wait_for(lambda e: e.get("event") == "metrics", 120, "the first metrics event")
+        pids = pids_of(tmp_path)
+        child.proc.send_signal(signal.SIGKILL)
+        child.proc.wait(30)
+    assert_none_left(pids, "the command was SIGKILLed")
+
+
+def test_stdout_closed_by_its_reader_leaves_nothing(tmp_path: Path) -> None:
+    proc = subprocess.Popen(argv("run", "--json", "--run-dir", str(tmp_path / "run"), "--", "python",
+                                 str(program(tmp_path)), "forever", str(tmp_path / "pids")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):  # the start event and two metrics: then the reader goes away (`| head -3`)
+            assert proc.stdout.readline()
+        pids = pids_of(tmp_path)
+        proc.stdout.close()
+        proc.wait(120)
+        assert b"Traceback" not in proc.stderr.read() if proc.stderr else True
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_none_left(pids, "its reader closed stdout")
+
+
+GARBAGE = r'''
+import json, os, sys
+path = os.environ["GPUTUI_EVENTS"]
+with open(path, "a") as fh:
+    fh.write("not json at all\n")
+    fh.write('{"values": {"loss": NaN, "x": 1e999}}\n')
+    fh.write('{"values": {"big": 123456789012345678901234567890}}\n')
+    fh.write('[1, 2, 3]\n')
+    chunk = "a" * (1 << 20)
+    for _ in range(int(sys.argv[1])):  # a line of that many MiB, then its newline
+        fh.write(chunk)
+    fh.write("\n")
+    fh.write(json.dumps({"step": 7, "values": {"good": 0.5}}) + "\n")
+print("wrote")
+'''
+
+
+def test_garbage_and_a_gigabyte_line_are_survived_with_one_warning(tmp_path: Path) -> None:
+    (tmp_path / "garbage.py").write_text(GARBAGE)
+    with Child(argv("run", "--json", "--run-dir", str(tmp_path / "run"), "--", "python", "garbage.py", "1024"),
+               env=cli_env(), cwd=tmp_path) as child:
+        code = child.finish(200)
+    assert code == 0, child._seen()
+    warnings = [e for e in child.events if e["event"] == "warning"]
+    assert len(warnings) == 1 and warnings[0]["reason"] == "bad_report", warnings
+    metrics = [e for e in child.events if e["event"] == "metrics"]
+    assert [(e["step"], e["values"]) for e in metrics] == [(7, {"good": 0.5})]
+    assert child.events[-1]["event"] == "done"
+    assert (tmp_path / "run" / "events.jsonl").stat().st_size < 64 * 1024  # nothing of the flood was copied
+
+
+def test_metrics_regex_turns_output_lines_into_metrics(tmp_path: Path) -> None:
+    code = ("for epoch in (1, 2):\n"
+            "    for seen in (0, 640):\n"
+            "        print(f'Train Epoch: {epoch} [{seen}/60000 ({seen // 600}%)]\\tLoss: {1 / (epoch + seen + 1):.6f}',"
+            " flush=True)\n"
+            "    print(f'Test set: Average loss: 0.05{epoch}0, Accuracy: 98{epoch}0/10000 (9{epoch}%)', flush=True)\n"
+            "    import time; time.sleep(0.05)\n")
+    (tmp_path / "print_only.py").write_text(code)
+    regexes = ", ".join(json.dumps(r) for r in EXAMPLE_REGEX)
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[run]\ncommand = ["python", "print_only.py"]\nmetrics_regex = [{regexes}]\n')
+    with Child(argv("run", "--json", "--profile", str(profile), "--run-dir", str(tmp_path / "run")), env=cli_env(),
+               cwd="/") as child:
+        assert child.finish(120) == 0, child._seen()
+    metrics = [e for e in child.events if e["event"] == "metrics"]
+    assert all(e["source"] == "output" for e in metrics)
+    merged: dict[str, list] = {}
+    for e in metrics:
+        for name, value in e["values"].items():
+            merged.setdefault(name, []).append(value)
+    assert merged["loss"][-1] == pytest.approx(round(1 / 643, 6))
+    assert merged["test_acc"][-1] == 92 and merged["test_loss"][-1] == pytest.approx(0.052)
+    assert max(e.get("epoch", 0) for e in metrics) == 2
+
+
+def test_ddp_runs_the_program_through_torchrun(tmp_path: Path) -> None:
+    code = ("import os\nimport torch.distributed as dist\nfrom gputui import report\n"
+            "dist.init_process_group('gloo')\nimport torch\nt = torch.ones(1) * (dist.get_rank() + 1)\n"
+            "dist.all_reduce(t)\nreport.log(step=1, total=float(t.item()), rank=float(dist.get_rank()))\n"
+            "report.log(step=1, seen=float(dist.get_rank()), all_ranks=True)\n"
+            "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], flush=True)\n"
+            "dist.destroy_process_group()\n")
+    (tmp_path / "ddp.py").write_text(code)
+    with Child(argv("run", "--json", "--strategy", "ddp", "--nproc", "2", "--run-dir", str(tmp_path / "run"), "--",
+                    "python", "ddp.py"), env=cli_env(), cwd=tmp_path) as child:
+        assert child.finish(200) == 0, child._seen()
+    assert child.events[0]["strategy"] == "ddp" and child.events[0]["world_size"] == 2
+    metrics = [e for e in child.events if e["event"] == "metrics"]
+    kept = [e["values"] for e in metrics if "total" in e["values"]]
+    assert kept == [{"total": 3.0, "rank": 0.0}]  # rank 0's alone
+    assert sorted(e["rank"] for e in metrics if "seen" in e["values"]) == [0, 1]
+    output = (tmp_path / "run" / "output.log").read_text()
+    assert "rank 0 of 2 127.0.0.1" in output and "rank 1 of 2 127.0.0.1" in output
+
+
+def test_dataparallel_and_net_flags_are_refused_in_one_line(tmp_path: Path) -> None:
+    for flags, said in ((["--strategy", "dataparallel"], "strategy dataparallel is for the built-in nets"),
+                        (["--epochs", "3"], "--epochs: a setting of the built-in nets")):
+        done = subprocess.run(argv("run", *flags, "--", "python", "x.py"), cwd=tmp_path, env=cli_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and said in done.stderr
+    assert os.listdir(tmp_path) == []
