@@ -46,7 +46,11 @@ LOCAL_STOP_S = GRACE_S + 30.0
 CLOUD_RELEASE_S = 600.0
 CLUSTER_STOP_S = GRACE_S + 10.0 + 15.0 + CLOUD_RELEASE_S + 60.0
 # Events only the trainer (every strategy) emits; any other one comes from a cluster's master.
-_TRAINER_EVENTS = {"start", "step", "eval", "epoch", "interrupted", "done", "error", "warning", "fallback", "stopping"}
+_TRAINER_EVENTS = {"start", "step", "eval", "epoch", "interrupted", "done", "error", "warning", "fallback", "stopping",
+                   "metrics"}  # metrics: what a user's program reported (gputui.jobs.program)
+# A program run's own stop (gputui.jobs.program): [run] stop_grace_s for the program, 5 s more
+# before its keeper is killed, then the run's end; the bound is at least LOCAL_STOP_S.
+PROGRAM_STOP_MARGIN_S = 35.0
 
 Progress = Callable[["TrainingChild", str, bool], None]  # (child, text, worth a line in the log)
 
@@ -59,6 +63,34 @@ def run_argv(profile: Path | None, resume: bool, extra: Sequence[str] = ()) -> l
     elif profile is not None:
         argv += ["--profile", str(profile)]
     return argv + list(extra)
+
+
+def program_of(profile: Path) -> tuple[str, ...]:
+    """The profile's [run] command (empty: it trains a built-in net; also for a profile that does
+    not load: `gputui run` says what is wrong with it)."""
+    from gputui.config.profile import load_profile
+    from gputui.model.errors import GputuiError
+
+    try:
+        return tuple(load_profile(profile).run.command or ())
+    except (GputuiError, OSError):
+        return ()
+
+
+def program_grace_s(run_dir: Path | None) -> float:
+    """A program run's [run] stop_grace_s, from its resolved profile (the default when unreadable)."""
+    from gputui.config.profile import load_profile
+    from gputui.config.run import RunConfig
+    from gputui.model.errors import GputuiError
+
+    default = float(RunConfig.__dataclass_fields__["stop_grace_s"].default)  # type: ignore[arg-type]
+    if run_dir is None:
+        return default
+    try:
+        grace = load_profile(runs.RunDir(run_dir).profile).run.stop_grace_s
+    except (GputuiError, OSError):
+        return default
+    return float(grace) if grace is not None else default
 
 
 class TrainingChild:
@@ -92,6 +124,7 @@ class TrainingChild:
         self._lock = threading.Lock()
         self._stopper: threading.Thread | None = None
         self._stderr_start = 0
+        self.program = False  # a run of the user's own program (its start event says so)
 
     @property
     def pid(self) -> int | None:
@@ -173,7 +206,10 @@ class TrainingChild:
 
     def _seen(self, event: Mapping[str, Any]) -> None:
         kind = event.get("event")
-        if kind == "start" and self.cluster is None:
+        if kind == "start" and event.get("program") is not None:
+            self.cluster = False  # a program runs on this machine (a profile with [cluster] is refused)
+            self.program = True
+        elif kind == "start" and self.cluster is None:
             self.cluster = event.get("nodes") is not None
         elif kind not in _TRAINER_EVENTS:
             self.cluster = True
@@ -188,6 +224,8 @@ class TrainingChild:
     def stop_bound(self) -> float:
         """How long the run may take to stop before it is SIGKILLed: a cluster's teardown and
         slave release, unless the run has shown it is local."""
+        if self.program:
+            return max(LOCAL_STOP_S, program_grace_s(self.run_dir) + PROGRAM_STOP_MARGIN_S)
         return LOCAL_STOP_S if self.cluster is False else CLUSTER_STOP_S
 
     def wait(self) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from gputui.dashboard.child import Progress, TrainingChild, run_argv
+from gputui.dashboard.child import Progress, TrainingChild, program_of, run_argv
 from gputui.dashboard.hosts import HostFeed
 from gputui.dashboard.cost import SlaveLine
 from gputui.model.errors import UserError
@@ -168,8 +168,9 @@ class Backend:
 
     def training_argv(self, resume: bool) -> list[str]:
         extra = [] if resume else list(self.options.train_args)  # a resumed run keeps its own settings
-        if self.options.demo:
-            extra = ["--device", "cpu"] + ([] if resume else ["--evals-per-epoch", "4"]) + extra
+        if self.options.demo:  # a program has no evaluations of gputui's to ask for (it refuses the flag)
+            evals = not resume and not program_of(self.profile)
+            extra = ["--device", "cpu"] + (["--evals-per-epoch", "4"] if evals else []) + extra
         return run_argv(None if resume else self.profile, resume, extra)
 
     def training_child(self, resume: bool) -> TrainingChild:

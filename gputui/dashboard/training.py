@@ -1,6 +1,11 @@
 """A training run as the dashboard sees it: `gputui run --json` events folded into one
 frozen state (progress, rates, ETA, best accuracy, the loss and accuracy curves).
 
+A run of the user's own program (its `start` has `program`) has no epochs to count nor
+accuracy of gputui's: its state is the program's latest reported metrics (`metrics`, name to
+value), its latest step and epoch, its clock and its steps/s, and its metrics' curves
+(`metric_curves`).
+
 The numbers are the events' own: the loss is the latest (a step's, or an epoch's mean
 `train_loss` when that came later), samples/s is the latest step event's recent rate (the
 trainer measures it over its own training clock), and the ETA is the remaining steps at that
@@ -15,16 +20,17 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from gputui.runs.curves import Curves
+from gputui.runs.curves import Curves, MetricCurves, metric_order
 from gputui.model.events import finite, typed  # a cluster run relays events from slaves: their numbers are checked there
 from gputui.model.telemetry import fmt
-from gputui.model.units import plural_of
+from gputui.model.units import duration, plural_of
 
 MAX_POINTS = 4000  # per curve; past this the older half is thinned to every other point
 ACTIVE = ("starting", "running", "stopping")
 ENDED = ("done", "interrupted")  # a run that said so; a later `error` (e.g. from a teardown) does not undo it
 MIN_RATE_SPAN_S = 0.2  # of training time between two progress points, to measure a rate over
 FINAL = ("done", "interrupted", "stopped", "failed")  # a run that is over, one way or another
+MAX_SHOWN_METRICS = 64  # latest values kept for the panel (a program's names beyond these are left out)
 
 
 def one_line(text: str) -> str:
@@ -77,6 +83,12 @@ class TrainingState:
     mark: tuple[float, float] | None = None  # the last progress point (step, training clock) the rate is measured from
     attached: bool = False  # followed from its events file, not started by this dashboard
     curves: Curves = Curves()  # the curves panel's data (gputui.runs.curves), folded from the same events
+    # A run of the user's own program (issue 31): its command, the GPUs it holds, its latest metrics.
+    program: str | None = None
+    gpus: tuple[int, ...] = ()
+    metrics: tuple[tuple[str, float], ...] = ()  # the latest value of each metric, loss-like names first
+    step_rate: float | None = None  # steps/s of a program's run, from its metrics events' steps and clock
+    metric_curves: MetricCurves = MetricCurves()
 
     @property
     def active(self) -> bool:
@@ -89,6 +101,8 @@ class TrainingState:
 
     @property
     def steps_per_s(self) -> float | None:
+        if self.program is not None:
+            return self.step_rate
         if self.samples_per_s and self.batch_size:
             return self.samples_per_s / self.batch_size
         return None
@@ -109,11 +123,18 @@ class TrainingState:
 
     def fold(self, event: Mapping[str, Any]) -> "TrainingState":
         """This state after one event of `gputui run --json` (unknown events change nothing)."""
+        if event.get("event") == "metrics":
+            return self._metrics((event,))
         state = self._fold(event)
         curves = self.curves.fold(event)
         if curves is not state.curves:
             state = copy.copy(state) if state is self else state
             object.__setattr__(state, "curves", curves)
+        if event.get("event") == "start":
+            metric_curves = state.metric_curves.fold_all((event,))
+            if metric_curves is not state.metric_curves:
+                state = copy.copy(state) if state is self else state
+                object.__setattr__(state, "metric_curves", metric_curves)
         return state
 
     def fold_all(self, events: Sequence[Mapping[str, Any]]) -> "TrainingState":
@@ -127,10 +148,40 @@ class TrainingState:
                 continue
             if i > start:
                 state = state._steps(events[start:i])
-            state = state.fold(event)
             start = i + 1
+            if event.get("event") == "metrics" and i > 0 and events[i - 1].get("event") == "metrics":
+                continue  # taken with the stretch of metrics events it belongs to
+            if event.get("event") == "metrics":
+                end = i + 1
+                while end < len(events) and events[end].get("event") == "metrics":
+                    end += 1
+                state = state._metrics(events[i:end])
+                continue
+            state = state.fold(event)
         if start < len(events):
             state = state._steps(events[start:])
+        return state
+
+    def _metrics(self, events: Sequence[Mapping[str, Any]]) -> "TrainingState":
+        """`fold` over a stretch of metrics events (a program's reports): one copy of the state."""
+        values = dict(self.metrics)
+        step, epoch, elapsed, rate, mark = self.step, self.epoch, self.elapsed_s, self.step_rate, self.mark
+        for raw in events:
+            event = typed(raw)
+            if event.get("rank"):  # another rank's report (all_ranks): its curve, not the panel's numbers
+                continue
+            for name, value in event.get("values", {}).items():
+                if name in values or len(values) < MAX_SHOWN_METRICS:
+                    values[name] = value
+            at, clock = event.get("step"), event.get("elapsed_s")
+            if at is not None:
+                rate, mark = _rate(mark, 1, rate, at, clock, None)
+                step = at
+            epoch = _or(event.get("epoch"), epoch)
+            elapsed = _or(clock, elapsed)
+        state = replace(self, metrics=tuple((name, values[name]) for name in metric_order(values)), step=step,
+                        epoch=epoch, elapsed_s=elapsed, step_rate=rate, mark=mark)
+        object.__setattr__(state, "metric_curves", self.metric_curves.fold_all(events))
         return state
 
     def _steps(self, events: Sequence[Mapping[str, Any]]) -> "TrainingState":
@@ -166,6 +217,16 @@ class TrainingState:
     def _fold(self, event: Mapping[str, Any]) -> "TrainingState":
         event = typed(event)
         kind = event.get("event")
+        if kind == "start" and event.get("program") is not None:
+            same_run = event.get("resumed") is True and event.get("run_id") == self.run_id
+            gpus = event.get("gpus")
+            return replace(
+                self if same_run else TrainingState(),
+                status="running", run_id=event.get("run_id"), run_dir=event.get("run_dir"),
+                program=str(event["program"]), device=event.get("device"), strategy=event.get("strategy"),
+                world_size=event.get("world_size"),
+                gpus=tuple(g for g in gpus if isinstance(g, int) and not isinstance(g, bool)) if isinstance(gpus, list) else (),
+                error=None, exit_code=None, reason=None, mark=None, step_rate=None, attached=self.attached)
         if kind == "start":
             resumed = event.get("resumed_from_step")
             same_run = resumed is not None and event.get("run_id") == self.run_id
@@ -208,6 +269,9 @@ class TrainingState:
             return replace(self, status="interrupted", step=_or(event.get("step"), self.step),
                            epoch=_or(event.get("epoch"), self.epoch), elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s),
                            reason=str(reason) if reason else None)
+        if kind == "done" and self.program is not None:
+            return replace(self, status="done", step=_or(event.get("step"), self.step),
+                           elapsed_s=_or(event.get("elapsed_s"), self.elapsed_s), exit_code=event.get("exit_code"))
         if kind == "done":
             acc = event.get("test_acc")
             return replace(self, status="done", step=_or(event.get("step"), self.step),
@@ -270,7 +334,7 @@ def _or(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-LOGGED = ("start", "epoch", "interrupted", "done", "error")  # the events with a line in the log
+LOGGED = ("start", "epoch", "interrupted", "done", "error", "warning")  # the events with a line in the log
 
 
 def event_line(event: Mapping[str, Any]) -> str | None:
@@ -279,6 +343,16 @@ def event_line(event: Mapping[str, Any]) -> str | None:
     if kind not in LOGGED:
         return None
     event = typed(event)
+    if kind == "warning":  # a program's garbage in GPUTUI_EVENTS, said once (the trainer's warnings are not logged)
+        return f"run warning: {event.get('message')}" if event.get("reason") == "bad_report" else None
+    if kind == "start" and event.get("program") is not None:
+        how = "resumed" if event.get("resumed") is True else "started"
+        gpus = event.get("gpus")
+        held = f", GPU {','.join(str(g) for g in gpus)}" if isinstance(gpus, list) and gpus else ""
+        return (f"run {event.get('run_id')} {how}: {event.get('program')} on {event.get('device')} "
+                f"({event.get('strategy')}{held})")
+    if kind == "done" and "test_acc" not in event and "exit_code" in event:  # a program's end
+        return f"run done: the program exited 0 after {duration(event.get('elapsed_s'))}"
     if kind == "start":
         resumed = event.get("resumed_from_step")
         how = f"resumed at step {resumed}" if resumed is not None else "started"

@@ -430,3 +430,126 @@ def read_csv(fh: TextIO) -> list[dict[str, Any]]:
             event[key] = int(number) if key in ("step", "epoch") and number.is_integer() else number
         out.append(event)
     return out
+
+
+# -- a program's own metrics (issue 31) ---------------------------------------------------------------
+
+METRIC_AXES = ("step", "time")  # a program says its step (maybe) and the run's clock says the time
+MAX_METRICS = 64  # series kept per run (a program reports at most 64 values a line; more names are left out)
+
+
+def metric_kind(name: str) -> int:
+    """0 for a loss-like name (containing "loss"), 1 for an accuracy-like one ("acc"), 2 for the rest."""
+    low = name.lower()
+    return 0 if "loss" in low else 1 if "acc" in low else 2
+
+
+def metric_order(names: Iterable[str]) -> list[str]:
+    """The names, loss-like first, then accuracy-like, then the rest, each group in the order given."""
+    return sorted(dict.fromkeys(names), key=metric_kind)
+
+
+def metric_series_name(name: str, rank: int | None) -> str:
+    """The series of a metric: its name, or "name (rank N)" for a report of another rank (all_ranks)."""
+    return name if not rank else f"{name} (rank {rank})"
+
+
+@dataclass(frozen=True)
+class MetricCurves:
+    """A program run's reported metrics (its `metrics` events), one series a name, each point
+    at its step, epoch and time (`elapsed_s`, the run's clock, which goes on over a resume).
+    Thinned as `Curves` thins: at most MAX_POINTS a series, spread evenly over the run."""
+
+    run_id: str | None = None
+    run_dir: str | None = None
+    points: Mapping[str, tuple[Point, ...]] = field(default_factory=dict)  # in the order first seen
+    every: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
+    version: int = field(default=0, compare=False)
+
+    def names(self) -> list[str]:
+        """Every metric seen, loss-like first, then accuracy-like (metric_order)."""
+        return metric_order(self.points)
+
+    def series(self, name: str) -> tuple[Point, ...]:
+        return self.points.get(name, ())
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.points.values())
+
+    def fold_all(self, events: Sequence[Mapping[str, Any]]) -> "MetricCurves":
+        """These curves after some events of a run: a `start` begins new curves (a resume of the
+        same run keeps them), a `metrics` event adds a point to each of its values' series."""
+        curves = self
+        grown: dict[str, list[Point]] = {}
+        every = dict(self.every)
+        changes = 0
+        for event in events:
+            kind = event.get("event")
+            if kind == "start":
+                curves = curves._grown(grown, every, changes)
+                grown, changes = {}, 0
+                run_id = event.get("run_id")
+                same = event.get("resumed") is True and run_id is not None and run_id == curves.run_id
+                run_dir = event.get("run_dir")
+                curves = MetricCurves(run_id=run_id if isinstance(run_id, str) else None,
+                                      run_dir=run_dir if isinstance(run_dir, str) else None,
+                                      points=curves.points if same else {}, every=curves.every if same else {},
+                                      version=curves.version + 1)
+                every = dict(curves.every)
+                continue
+            if kind != "metrics":
+                continue
+            values = event.get("values")
+            if not isinstance(values, Mapping):
+                continue
+            rank = _int(event.get("rank"))
+            point_of = (_int(event.get("step")), _num(event.get("epoch")), _num(event.get("elapsed_s")))
+            added = False
+            for name, value in values.items():
+                v = _num(value)
+                if v is None or not isinstance(name, str):
+                    continue
+                key = metric_series_name(name, rank)
+                points = grown.get(key)
+                if points is None:
+                    if key not in curves.points and len(curves.points) + len(grown) >= MAX_METRICS:
+                        continue
+                    points = grown[key] = list(curves.points.get(key, ()))
+                stride, since = every.get(key, (1, 0))
+                since += 1
+                if since < stride:
+                    every[key] = (stride, since)
+                    continue
+                points.append(Point(point_of[0], point_of[1], None, point_of[2], v))
+                if len(points) > MAX_POINTS:
+                    grown[key] = points[(len(points) - 1) % 2::2]
+                    stride *= 2
+                every[key] = (stride, 0)
+                added = True
+            changes += added
+        return curves._grown(grown, every, changes)
+
+    def _grown(self, grown: dict[str, list[Point]], every: dict[str, tuple[int, int]], changes: int) -> "MetricCurves":
+        if not changes and every == self.every:
+            return self
+        points = dict(self.points)
+        points.update((name, tuple(series)) for name, series in grown.items())
+        return replace(self, points=points, every=dict(every), version=self.version + changes)
+
+
+def load_metrics(run_dir: str | Path) -> MetricCurves:
+    """An earlier run's reported metrics, from its directory's events.jsonl (empty for a run of a
+    built-in net)."""
+    path = Path(run_dir).expanduser()
+    events_path = path if path.is_file() else path / runs.EVENTS
+    if not events_path.is_file():
+        raise UserError(f"{path}: no {runs.EVENTS} there; pick a run directory (`gputui runs` lists them)")
+    curves = MetricCurves()
+    batch: list[Mapping[str, Any]] = []
+    for event in runs.iter_events(events_path):
+        batch.append(event)
+        if len(batch) >= FOLD_BATCH:
+            curves, batch = curves.fold_all(batch), []
+    curves = curves.fold_all(batch)
+    return replace(curves, run_id=curves.run_id or events_path.parent.name, run_dir=str(events_path.parent))

@@ -19,7 +19,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from gputui.dashboard.setup import Backend
 from gputui.model.errors import GputuiError
 from gputui.model.telemetry import HostState
-from gputui.ui.bindings import KEYS, bindings
+from gputui.ui.bindings import KEYS, PROGRAM_KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.curve_actions import CurveActions
 from gputui.ui.events_panel import EventsLog
@@ -34,6 +34,7 @@ from gputui.ui.training_actions import TrainingActions
 from gputui.ui.training_panel import TrainingPanel
 
 ACTIONS = {key.action for key in KEYS}
+PROGRAM_ACTIONS = {key.action for key in PROGRAM_KEYS}  # shown while a run of the user's own program is
 FIRST_FRAME_ENV = "GPUTUI_FIRST_FRAME_FILE"  # benchmarks: the app writes time.time() here after its first frame
 
 
@@ -102,6 +103,8 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         """The dashboard's keys act on the main screen only, not under a dialog."""
         if action in ACTIONS and len(self.screen_stack) > 1:
             return False
+        if action in PROGRAM_ACTIONS:  # hidden (footer, keys) unless a program's run is on the main screen
+            return len(self.screen_stack) == 1 and self.training.program is not None
         return True
 
     # telemetry ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from gputui.model.telemetry import HostState
 from gputui.model.text import clean
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.events_panel import EventsLog
+from gputui.ui.hosts_panel import HostsView
 from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled
 from gputui.ui.status import StatusBar
 from gputui.ui.training_panel import TrainingPanel
@@ -185,8 +186,19 @@ class DashboardBase(App[None]):
         """L: the light theme for light terminals, and back."""
         self.theme = DARK_THEME if self.theme == LIGHT_THEME else LIGHT_THEME
 
+    _program_shown = False  # a run of the user's own program is on screen (its keys show in the footer)
+
     def show_training(self) -> None:
-        self.panel(TrainingPanel).show(self.training, self.backend.profile.name)
+        training = self.training
+        self.panel(TrainingPanel).show(training, self.backend.profile.name)
+        held = training.gpus if training.program is not None and training.active else ()
+        hosts = self.panel(HostsView)
+        if hosts.held != held:
+            hosts.held = held
+        program = training.program is not None
+        if program != self._program_shown:
+            self._program_shown = program
+            self.refresh_bindings()
         self.show_cost()
 
     def show_cost(self) -> None:

@@ -52,6 +52,17 @@ KEYS: tuple[Key, ...] = (
 )
 
 
+# Keys of a run of the user's own program (issue 31): in the footer and the help only while
+# such a run is on screen (the app's check_action hides them otherwise).
+PROGRAM_KEYS: tuple[Key, ...] = (
+    Key("m", "curves_metric", "Metric", "Curves of your program's run: the next metric it reported (loss-like "
+        "names first, then accuracy-like ones, then the rest); the overlays, x (step or time), l and e work on it."),
+    Key("o", "output", "Output", "Your program's output: the last 200 lines of output.log in its run directory, "
+        "followed as it writes (Esc or o closes)."),
+)
+PROGRAM_AFTER = "runs"  # the program keys follow this key in the footer
+
+
 # Keys of the process table (gputui.ui.processes_panel), shown in its footer and in the help.
 PROCESS_KEYS: tuple[Key, ...] = (
     Key("m", "sort('memory')", "Mem", "Sort by GPU memory (largest first)."),
@@ -75,6 +86,10 @@ def process_bindings() -> list[BindingType]:
 
 def bindings() -> list[BindingType]:
     """The app's bindings (ctrl+q quits through the same question as q)."""
-    out: list[BindingType] = [Binding(k.key, k.action, k.label, key_display=k.display) for k in KEYS]
+    out: list[BindingType] = []
+    for k in KEYS:
+        out.append(Binding(k.key, k.action, k.label, key_display=k.display))
+        if k.action == PROGRAM_AFTER:
+            out += [Binding(p.key, p.action, p.label, key_display=p.display) for p in PROGRAM_KEYS]
     out.append(Binding("ctrl+q", "quit", "Quit", show=False, priority=True))
     return out

@@ -1,4 +1,5 @@
-"""Keys x, [, ], l and e: the curves panel's x axis, smoothing, log scale and CSV export.
+"""Keys x, [, ], l, e and m: the curves panel's x axis, smoothing, log scale, CSV export, and
+which of a program's metrics it plots.
 
 A mixin for the dashboard app (its keys are declared in gputui.ui.bindings); each action
 finds the curves panel on the main screen and asks it, so the panel owns its settings.
@@ -38,6 +39,12 @@ class CurveActions(App[Any]):
         panel = self._curves_panel()
         if panel is not None:
             self.notify("loss on a log scale" if panel.toggle_log() else "loss on a linear scale", timeout=2)
+
+    def action_curves_metric(self) -> None:
+        panel = self._curves_panel()
+        if panel is not None:
+            name = panel.cycle_metric()
+            self.notify(f"curves: {name}" if name else "no metric reported yet", timeout=2, markup=False)
 
     def action_curves_export(self) -> None:
         panel = self._curves_panel()

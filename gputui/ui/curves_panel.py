@@ -7,6 +7,11 @@ data, the axis, the smoothing, the scale, the overlays, the size), so a run stre
 thousand events a second costs one plot build per tick. Smoothing is TensorBoard's debiased
 EMA: each series' raw curve is drawn faint under its smoothed one, which is bold. Earlier runs
 (`app.overlay_runs`, run directories) are laid over in muted colours, named in the legend.
+
+A run of the user's own program (its state has `program`) has its own metrics instead: one
+at a time (`metric`, m picks the next; loss-like names first, then accuracy-like), against
+its step or time, with the same smoothing, overlays (the same metric of the runs laid over)
+and log scale (for a loss-like metric).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from gputui.runs.curves import (SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, SeriesCache, axis_labels, linear_ticks,
-                           load_run, log_ticks, sample, thin, ticks, x_labels, xy)
+from gputui.runs.curves import (METRIC_AXES, SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, MetricCurves, SeriesCache,
+                                axis_labels, linear_ticks, load_metrics, load_run, log_ticks, metric_kind, sample, thin,
+                                ticks, x_labels, xy)
 from gputui.model.errors import GputuiError
 from gputui.runs.history import export_csv
 from gputui.model.text import clean
@@ -38,6 +44,8 @@ OVERLAY_COLOURS: tuple[tuple[int, int, int], ...] = ((150, 150, 150), (176, 146,
 MIN_SIZE = (30, 7)  # columns, rows: below this the panel says so rather than draw a plot of axes alone
 FAINT = 0.6  # how far a raw curve's colour goes toward the background
 DENSE_STEPS = 4  # step losses per epoch mean from which the epoch means are left out of the plot (not the CSV)
+# A program's metric: loss-like, accuracy-like, other (gputui.runs.curves.metric_kind).
+METRIC_COLOURS = (COLOURS["train_loss"], COLOURS["test_acc"], COLOURS["epoch_loss"])
 
 
 def curves_of(state: Any) -> Curves:
@@ -53,13 +61,26 @@ def curves_of(state: Any) -> Curves:
 def _data_of(state: Any) -> tuple[Any, ...]:
     """What of a state the curves depend on, compared by identity (the state's tuples are new when they changed)."""
     curves = getattr(state, "curves", None)
+    if getattr(state, "program", None) is not None:
+        return (curves, state.metric_curves)
     return (curves,) if curves is not None else (state.loss_points, state.acc_points, state.run_id)
+
+
+def _program_metrics(state: Any) -> MetricCurves | None:
+    """A program run's metric curves (None for a run of a built-in net, or no run)."""
+    if getattr(state, "program", None) is None:
+        return None
+    curves = getattr(state, "metric_curves", None)
+    return curves if isinstance(curves, MetricCurves) else MetricCurves()
 
 
 def _span(series: Any) -> tuple[float, float] | None:
     """The lowest and the highest value of some lists of numbers (None when all are empty)."""
     spans = [(min(values), max(values)) for values in series if values]
     return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else None
+
+
+Line = tuple[list[float], list[float], tuple[int, int, int], str, "str | None"]  # xs, ys, colour, y side, style
 
 
 def _rgb(colour: tuple[int, int, int]) -> str:
@@ -173,6 +194,8 @@ class CurvesPanel(Vertical):
         self.rebuilds = 0  # plot set-ups so far (the throttle's test counts them)
         self.ticks = 0  # throttle checks so far
         self.overlays: tuple[tuple[str, Curves], ...] = ()
+        self.overlay_metrics: tuple[MetricCurves, ...] = ()  # the same runs' reported metrics (a program's)
+        self.metric: str | None = None  # the program's metric picked with m (None: the first, loss-like first)
         self._curves = Curves()
         self._changes = 0
         self._pending: Any = None  # a state whose curves are built at the next redraw (only if drawn)
@@ -239,7 +262,7 @@ class CurvesPanel(Vertical):
 
     def _key(self) -> tuple[Any, ...]:
         return (self._changes, self.axis, self.weight, self.log_scale, self._overlay_changes, self.size.width,
-                self.size.height)
+                self.size.height, self.metric)
 
     def on_resize(self, _event: Resize) -> None:
         self.call_after_refresh(self._tick)
@@ -261,7 +284,11 @@ class CurvesPanel(Vertical):
             return
         width, height = plot.size.width or self.size.width, plot.size.height or self.size.height - 2
         background = Color.parse(self.app.theme_variables.get("surface", "#000000"))
-        lines: list[tuple[list[float], list[float], tuple[int, int, int], str, str | None]] = []
+        metrics = _program_metrics(self._state)
+        if metrics is not None:
+            self._redraw_metric(plot, metrics, width, height, background)
+            return
+        lines: list[Line] = []
         for index, (_run_id, other) in enumerate(self.overlays):
             colour = OVERLAY_COLOURS[index % len(OVERLAY_COLOURS)]
             for name in SERIES:
@@ -279,16 +306,28 @@ class CurvesPanel(Vertical):
             side = "right" if name == "test_acc" else "left"
             colour = COLOURS[name]
             xs, raw, smooth = self._series.get(name, points, self.axis, self.weight)
-            if self.weight > 0:
-                faint = Color(*colour).blend(background, FAINT).rgb
-                lines.append((xs, raw, faint, side, None))
-                lines.append((xs, smooth, colour, side, "bold"))
-            else:
-                lines.append((xs, raw, colour, side, "bold"))
+            lines += self._raw_and_smooth(xs, raw, smooth, colour, side, background)
+        x_span = self._plot(plot.plt, lines, self.axis, width, height, self.log_scale, "loss", "test acc (%)")
+        self._set_legend(self._legend(shown, x_span is not None))
+        plot.display = bool(lines)  # no empty frame before the first point
+        plot.refresh()
+
+    def _raw_and_smooth(self, xs: list[float], raw: list[float], smooth: list[float], colour: tuple[int, int, int],
+                        side: str, background: Color) -> list[Line]:
+        """A series' lines: its raw curve faint under its smoothed one (bold), or the raw one alone."""
+        if self.weight > 0:
+            faint = Color(*colour).blend(background, FAINT).rgb
+            return [(xs, raw, faint, side, None), (xs, smooth, colour, side, "bold")]
+        return [(xs, raw, colour, side, "bold")]
+
+    def _plot(self, plt: Any, lines: Sequence[Line], axis: str, width: int, height: int, log_wanted: bool,
+              left_name: str, right_name: str) -> tuple[float, float] | None:
+        """Plot the lines (left: `left_name`, on a log scale when wanted and every value is above 0;
+        right: `right_name`, in %), their ticks and labels; the x span (None: no point has an x)."""
         left = _span(ys for _xs, ys, _c, side, _s in lines if side == "left")  # (lowest, highest) or None
         right = _span(ys for _xs, ys, _c, side, _s in lines if side == "right")
         x_span = _span(xs for xs, *_ in lines)
-        log = self.log_scale and left is not None and left[0] > 0
+        log = log_wanted and left is not None and left[0] > 0
         cells = max(1, width - 12)  # the plot's columns, less the axes' labels
         for xs, ys, colour, side, style in lines:
             if xs:
@@ -301,8 +340,8 @@ class CurvesPanel(Vertical):
                 plt.plot(xs, ys, color=colour, style=style, yside=side, marker="braille")
         if x_span is not None:
             lo, hi = x_span
-            xt = ticks(self.axis, lo, hi, max(2, width // 10))
-            plt.xticks(xt, x_labels(self.axis, xt))
+            xt = ticks(axis, lo, hi, max(2, width // 10))
+            plt.xticks(xt, x_labels(axis, xt))
         y_count = max(2, (height - 3) // 2)
         if left is not None:
             lo, hi = left
@@ -313,16 +352,75 @@ class CurvesPanel(Vertical):
                 yt = linear_ticks(lo, hi, y_count)
                 step = yt[1] - yt[0] if len(yt) > 1 else None
                 plt.yticks(yt, axis_labels(yt, step), yside="left")
-            plt.ylabel("loss (log)" if log else "loss", yside="left")
+            plt.ylabel(f"{left_name} (log)" if log else left_name, yside="left")
         if right is not None:
             yt = linear_ticks(right[0], right[1], y_count)
             step = yt[1] - yt[0] if len(yt) > 1 else None
             plt.yticks(yt, axis_labels(yt, step, percent=True), yside="right")
-            plt.ylabel("test acc (%)", yside="right")
-        plt.xlabel(X_LABELS[self.axis])
-        self._set_legend(self._legend(shown, x_span is not None))
-        plot.display = bool(lines)  # no empty frame before the first point
+            plt.ylabel(right_name, yside="right")
+        plt.xlabel(X_LABELS[axis])
+        return x_span
+
+    # a program's metrics -------------------------------------------------------------------------------
+    def shown_metric(self) -> str | None:
+        """The program's metric drawn: the one picked with m while it exists, else the first
+        (loss-like names first); None for no program run or no metric yet."""
+        metrics = _program_metrics(self._state)
+        names = metrics.names() if metrics is not None else []
+        if self.metric in names:
+            return self.metric
+        return names[0] if names else None
+
+    def _redraw_metric(self, plot: Any, metrics: MetricCurves, width: int, height: int, background: Color) -> None:
+        name = self.shown_metric()
+        axis = self.axis if self.axis in METRIC_AXES else METRIC_AXES[0]
+        lines: list[Line] = []
+        if name is not None:
+            for index, other in enumerate(self.overlay_metrics):
+                key = (index, "metric:" + name, axis, self.weight)
+                if key not in self._overlay_xy:  # earlier runs do not change: smoothed once a setting
+                    self._overlay_xy[key] = xy(other.series(name), axis, self.weight)
+                xs, ys = self._overlay_xy[key]
+                lines.append((xs, ys, OVERLAY_COLOURS[index % len(OVERLAY_COLOURS)], "left", None))
+            points = metrics.series(name)
+            if points:
+                xs, raw, smooth = self._series.get("metric:" + name, points, axis, self.weight)
+                lines += self._raw_and_smooth(xs, raw, smooth, METRIC_COLOURS[metric_kind(name)], "left", background)
+        label = clean(name, 30) if name is not None else ""
+        x_span = self._plot(plot.plt, lines, axis, width, height, self.log_scale and name is not None
+                            and metric_kind(name) == 0, label, "")
+        self._set_legend(self._metric_legend(metrics, name, axis, x_span is not None))
+        plot.display = bool(lines)
         plot.refresh()
+
+    def _metric_legend(self, metrics: MetricCurves, name: str | None, axis: str, any_points: bool) -> Text:
+        names = metrics.names()
+        if name is None:
+            return Text("no curves yet: they start with the program's first report (gputui.report.log, or "
+                        "[run] metrics_regex)", "dim")
+        text = Text(no_wrap=False)
+        text.append("━ ", _rgb(METRIC_COLOURS[metric_kind(name)]))
+        text.append(clean(name, 40) + "  ")
+        if len(names) > 1:
+            text.append(f"metric {names.index(name) + 1}/{len(names)} (m: next)  ", "dim")
+        if not any_points:
+            text.append(f"(none has a {X_LABELS[axis]}: x)  ", "dim")
+        text.append(f"smoothing {self.weight:g}", "dim")
+        for index, (run_id, _other) in enumerate(self.overlays):
+            text.append("  ━ ", _rgb(OVERLAY_COLOURS[index % len(OVERLAY_COLOURS)]))
+            text.append(clean(run_id, 40))
+        return text
+
+    def cycle_metric(self) -> str | None:
+        """m: the program's next metric (in metric_order, round); None when it has reported none."""
+        metrics = _program_metrics(self._state)
+        names = metrics.names() if metrics is not None else []
+        if not names:
+            return None
+        shown = self.shown_metric()
+        self.metric = names[(names.index(shown) + 1) % len(names)] if shown in names else names[0]
+        self._tick()
+        return self.metric
 
     _legend_shown: Text | None = None
 
@@ -354,27 +452,31 @@ class CurvesPanel(Vertical):
             return
         self._overlay_key = wanted
         if not wanted:
-            self._set_overlays(wanted, (), [])
+            self._set_overlays(wanted, (), [], ())
             return
         self.run_worker(lambda: self._load_overlays(wanted), name="curves-overlays", group="curves-overlays",
                         thread=True, exclusive=True, exit_on_error=False)
 
     def _load_overlays(self, wanted: tuple[str, ...]) -> None:
         """Worker: read the earlier runs' events files."""
-        loaded, errors = [], []
+        loaded, metrics, errors = [], [], []
         for path in wanted:
             try:
                 curves = load_run(path)
+                reported = load_metrics(path)  # a program's run: its metrics (empty for a built-in net's)
             except (GputuiError, OSError) as exc:
                 errors.append(str(exc))
                 continue
             loaded.append((curves.run_id or Path(path).name, curves))
-        self.app.call_from_thread(self._set_overlays, wanted, tuple(loaded), errors)
+            metrics.append(reported)
+        self.app.call_from_thread(self._set_overlays, wanted, tuple(loaded), errors, tuple(metrics))
 
-    def _set_overlays(self, wanted: tuple[str, ...], loaded: tuple[tuple[str, Curves], ...], errors: list[str]) -> None:
+    def _set_overlays(self, wanted: tuple[str, ...], loaded: tuple[tuple[str, Curves], ...], errors: list[str],
+                      metrics: tuple[MetricCurves, ...] = ()) -> None:
         if wanted != self._overlay_key:
             return  # a newer choice is loading
         self.overlays = loaded
+        self.overlay_metrics = metrics
         self._overlay_xy.clear()
         self._overlay_changes += 1
         for error in errors:
@@ -383,7 +485,8 @@ class CurvesPanel(Vertical):
 
     # the keys' actions -------------------------------------------------------------------------------
     def cycle_axis(self) -> str:
-        self.axis = X_AXES[(X_AXES.index(self.axis) + 1) % len(X_AXES)]
+        axes = METRIC_AXES if _program_metrics(self._state) is not None else X_AXES  # a program: step, time
+        self.axis = axes[(axes.index(self.axis) + 1) % len(axes)] if self.axis in axes else axes[0]
         self._tick()
         return self.axis
 

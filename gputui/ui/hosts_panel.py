@@ -82,9 +82,12 @@ class HostsView(ScrollView, can_focus=True):
     """The hosts panel: one line per host, one per GPU."""
 
     COMPONENT_CLASSES = {"hosts--name", "hosts--ok", "hosts--bad", "hosts--dim", "hosts--util", "hosts--mem",
-                         "hosts--spark", "hosts--hot", "hosts--throttle"}
+                         "hosts--spark", "hosts--hot", "hosts--throttle", "hosts--run"}
     frame: reactive[HostsFrame | None] = reactive(None)
     error: reactive[str | None] = reactive(None)
+    # The GPUs (NVML indices) of this machine that the dashboard's run holds (a program's start
+    # event says them): their index is marked on the local host's lines.
+    held: reactive[tuple[int, ...]] = reactive(())
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -98,6 +101,9 @@ class HostsView(ScrollView, can_focus=True):
         self._rebuild()
 
     def watch_error(self) -> None:
+        self._rebuild()
+
+    def watch_held(self) -> None:
         self._rebuild()
 
     def on_resize(self) -> None:
@@ -222,7 +228,9 @@ class HostsView(ScrollView, can_focus=True):
         mem_frac = None if gpu.mem_pct is None else gpu.mem_pct / 100.0
         hot = gpu.temperature_c is not None and gpu.temperature_c >= HOT_C
         # Each part starts with its space: "  0 ████░░ 22% ██░░ 1.5/80 GiB 34°C 57/400 W".
-        line: Line = [(f"{gpu.index:>2}", None)]
+        held = host.kind == "local" and gpu.index in self.held
+        # Held: "▸0", marked in the index's own two columns (one more from index 10 on).
+        line: Line = [(f"▸{gpu.index}", self._style("hosts--run")) if held else (f"{gpu.index:>2}", None)]
         if name_w:
             shown = name if len(name) < name_w else name[: name_w - 2] + "…"
             line.append((" " + shown.ljust(name_w - 1), self._style("hosts--dim")))

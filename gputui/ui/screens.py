@@ -15,7 +15,7 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui.model.text import clean
-from gputui.ui.bindings import KEYS, PROCESS_KEYS, Key
+from gputui.ui.bindings import KEYS, PROCESS_KEYS, PROGRAM_KEYS, Key
 
 
 def keys_table(keys: tuple[Key, ...] = KEYS) -> Table:
@@ -46,6 +46,9 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help", classes="dialog"):
             yield Label("gputui dashboard: keys   (Esc, ? or q closes this help)", classes="title")
             yield Static(keys_table(), id="help-keys")
+            if getattr(getattr(self.app, "training", None), "program", None) is not None:
+                yield Label("With a run of your own program on screen:", classes="subtitle")
+                yield Static(keys_table(PROGRAM_KEYS), id="help-program-keys")
             yield Label("In the process table (P):", classes="subtitle")
             yield Static(keys_table(PROCESS_KEYS), id="help-process-keys")
             yield Static(HELP_NOTES, classes="dim", markup=False)

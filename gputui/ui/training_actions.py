@@ -64,8 +64,8 @@ def post_events(events: Iterable[Any], post: Callable[[Message], Any],
         batch = [one if isinstance(one, tuple) else (one, False) for one in (item if isinstance(item, list) else [item])]
         todo: list[Any] = []
         for event, _history in batch:
-            if (earlier and event.get("event") == "start" and event.get("resumed_from_step") is not None
-                    and event.get("run_dir")):
+            if (earlier and event.get("event") == "start" and event.get("run_dir")
+                    and (event.get("resumed_from_step") is not None or event.get("resumed") is True)):
                 state = replace(TrainingState(), attached=state.attached).replay(earlier_events(event["run_dir"]))
                 todo = []  # what came before the resume is in what was replayed
             todo.append(event)
@@ -151,6 +151,16 @@ class TrainingActions(DashboardBase):
                 self.attach(runs.RunDir(Path(path)))
 
         self.push_screen(AttachScreen(runs_home()), chosen)
+
+    def action_output(self) -> None:
+        """o: the program's last lines (a run of the user's own program on screen)."""
+        from gputui.ui.output_screen import OutputScreen
+
+        shown = self.training
+        if shown.program is None or not shown.run_dir:
+            self.say("no run of your own program on screen: o shows its output", "warning", notify=True)
+            return
+        self.push_screen(OutputScreen(shown.run_dir, shown.run_id))
 
     def action_runs(self) -> None:
         from gputui.ui.runs_screen import RunsScreen

@@ -15,6 +15,7 @@ from gputui.model.text import clean
 from gputui.ui.curves_panel import CurvesPanel
 from gputui.ui.draw import bar
 
+PROGRAM_ROOM = 40  # columns of a program's command the first line makes room for
 STATUS_CLASS = {"running": "ok", "starting": "ok", "stopping": "warn", "done": "ok", "interrupted": "warn",
                 "failed": "bad", "stopped": "warn", "idle": "dim"}
 
@@ -50,6 +51,8 @@ class TrainingSummary(Widget):
                                  f"\npress t to train ({clean(self.profile)}), r to resume the last run, "
                                  "a to attach to a running one")
         width = max(20, self.size.width)
+        if s.program is not None:
+            return self._program_text(s, width)
         if s.status == "starting" and s.step is None:  # the process is up, its first event is to come
             return Text.assemble(self._head(s, width), "\n",
                                  ("starting (loading torch and the data)", self._style("training--dim")))
@@ -136,6 +139,89 @@ class TrainingSummary(Widget):
         return Text(self._fit(width, f"{prefix}{loss}  {acc}  {best}  {took} trained",
                               f"{prefix}{loss}  {acc}  {best}  {took}", f"{prefix}{loss}  {acc}  {took}",
                               f"{prefix}{loss}  {acc}", f"{loss}  {acc}"))
+
+
+    # A run of the user's own program (issue 31): who it is (its command, device, the GPUs it
+    # holds); where it is (step, epoch, time, steps/s) or how it ended; its latest metrics, as many
+    # as fit, loss-like names first. The command and the names are the program's: data, cleaned.
+
+    def _program_text(self, s: TrainingState, width: int) -> Text:
+        lines = [self._program_head(s, width),
+                 self._program_final(s, width) if s.ended else self._program_progress(s, width),
+                 self._program_metrics(s, width)]
+        for line in lines:
+            line.truncate(width, overflow="ellipsis")
+        return Text("\n").join(lines)
+
+    def _program_head(self, s: TrainingState, width: int) -> Text:
+        """"● running  RUN_ID  cuda · single · GPU 0 · python train.py …": the command keeps up to
+        PROGRAM_ROOM columns; to make room the device and the strategy go first, then the run id
+        (the events log names it), and the GPUs it holds last."""
+        style = self._style("training--" + STATUS_CLASS.get(s.status, "dim"))
+        held = f"GPU {','.join(str(g) for g in s.gpus)}" if s.gpus else ""
+        scale = f" x{s.world_size}" if s.world_size and s.world_size > 1 else ""
+        where = [x for x in (s.device, (s.strategy or "") + scale if s.strategy else "", held) if x]
+        program = clean(s.program or "", 200)
+        need = min(len(program), PROGRAM_ROOM)
+        for named, shown in ((True, where), (True, where[-1:]), (False, where[-1:]), (False, [])):
+            head = Text(f"● {s.status}", style)
+            head.append(clean(f"  {s.run_id}" if named and s.run_id else "", 80) + "  "
+                        + "".join(x + " · " for x in shown))
+            if head.cell_len + need <= width:
+                break
+        head.append(program)
+        head.truncate(width, overflow="ellipsis")
+        return head
+
+    @staticmethod
+    def _position(s: TrainingState) -> str:
+        step = f"step {units.count(s.step)}" if s.step is not None else "no step yet"
+        epoch = f"  epoch {s.epoch:g}" if s.epoch is not None else ""
+        return step + epoch
+
+    def _program_progress(self, s: TrainingState, width: int) -> Text:
+        if s.status == "starting" and not s.metrics:
+            return Text("starting the program", self._style("training--dim"))
+        position = self._position(s)
+        took = units.duration(s.elapsed_s)
+        rate = f"{units.NA if s.step_rate is None else f'{s.step_rate:.3g}'} steps/s"
+        return Text(self._fit(width, f"{position}  {took}  {rate}", f"{position}  {took}", position))
+
+    def _program_final(self, s: TrainingState, width: int) -> Text:
+        position = self._position(s) if s.step is not None or s.epoch is not None else "before its first report"
+        after = f" after {units.duration(s.elapsed_s)}" if s.elapsed_s is not None else ""
+        if s.status == "done":
+            return Text(self._fit(width, f"done: exit 0 at {position}{after}", f"done at {position}", "done"),
+                        self._style("training--ok"))
+        if s.status == "failed":
+            return Text(clean(f"failed: {s.error or 'the run failed'}"), self._style("training--bad"))
+        why = f" ({clean(s.reason)})" if s.reason else ""
+        hint = "; r resumes it" if s.status == "interrupted" else ""
+        return Text(self._fit(width, f"{s.status}{why} at {position}{after}{hint}", f"{s.status}{why} at {position}{hint}",
+                              f"{s.status} at {position}"), self._style("training--warn"))
+
+    def _program_metrics(self, s: TrainingState, width: int) -> Text:
+        if not s.metrics:
+            said = "no metrics yet (gputui.report.log, or [run] metrics_regex)" if s.active else "no metrics reported"
+            return Text(said, self._style("training--dim"))
+        text = Text()
+        for index, (name, value) in enumerate(s.metrics):
+            part = f"{clean(name, 40)} = {metric_value(value)}"
+            left = len(s.metrics) - index - 1
+            more = f"  +{left} more" if left else ""
+            gap = "  " if index else ""
+            if text.cell_len + len(gap) + len(part) + len(more) > width and index:
+                text.append(f"  +{len(s.metrics) - index} more", self._style("training--dim"))
+                break
+            text.append(gap + part)
+        return text
+
+
+def metric_value(value: float) -> str:
+    """A reported number: an int as it is, a float with 4 significant digits (1e-05, 0.9812, 1234)."""
+    if isinstance(value, int):
+        return units.count(value)
+    return f"{value:.4g}"
 
 
 class TrainingPanel(Vertical):
