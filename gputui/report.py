@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import signal
 import threading
@@ -60,11 +61,36 @@ class _Reporter:
 _reporter = _Reporter()
 
 
+_RANK: dict[int, int] = {}  # this process's RANK (read once per process)
+_KEYS: dict[str, str] = {}  # a metric's name -> its JSON key text ('"loss":'), built once
+
+
 def _rank() -> int:
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
+    pid = os.getpid()
+    rank = _RANK.get(pid)
+    if rank is None:
+        try:
+            rank = int(os.environ.get("RANK", "0"))
+        except ValueError:
+            rank = 0
+        _RANK[pid] = rank
+    return rank
+
+
+def _number_text(name: str, value: Any) -> str | None:
+    """`value` as JSON number text; None for NaN and the infinities (left out); TypeError for
+    anything that is not a number. Written by hand: a json.dumps per call costs more than the rest."""
+    kind = type(value)
+    if kind is float:
+        return float.__repr__(value) if value - value == 0.0 else None
+    if kind is int:
+        return int.__repr__(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real; a tensor is not
+        raise TypeError(f"report.log: {name}={value!r} is not a number (pass a float or an int, e.g. loss.item())")
+    if isinstance(value, numbers.Integral):
+        return int.__repr__(int(value))
+    number = float(value)
+    return float.__repr__(number) if math.isfinite(number) else None
 
 
 def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = False, **metrics: float) -> None:
@@ -72,27 +98,28 @@ def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = 
 
     Numbers only (a bool, text or a tensor is a TypeError: pass `loss.item()`); NaN and infinities
     are left out. Under DDP only rank 0's calls are kept, unless `all_ranks=True`."""
-    values: dict[str, float | int] = {}
+    parts = []
     for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"report.log: {name}={value!r} is not a number (pass a float or an int, e.g. loss.item())")
-        if isinstance(value, float) and not math.isfinite(value):
+        text = _number_text(name, value)
+        if text is None:
             continue
-        values[name] = value
+        key = _KEYS.get(name)
+        if key is None:
+            key = _KEYS.setdefault(name, json.dumps(name) + ":")
+        parts.append(key + text)
+    tail = ""
     for place, given in (("step", step), ("epoch", epoch)):
-        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+        if given is None:
+            continue
+        if type(given) is not int and (isinstance(given, bool) or not isinstance(given, numbers.Integral)):
             raise TypeError(f"report.log: {place}={given!r} is not a whole number")
+        tail += f',"{place}":{int(given)}'
     rank = _rank()
     if rank != 0 and not all_ranks:
         return
-    line: dict[str, Any] = {"values": values, "time": round(time.time(), 6)}
-    if step is not None:
-        line["step"] = step
-    if epoch is not None:
-        line["epoch"] = epoch
     if all_ranks:
-        line["rank"] = rank
-    _reporter.write(json.dumps(line, separators=(",", ":")) + "\n")
+        tail += f',"rank":{rank}'
+    _reporter.write('{"values":{' + ",".join(parts) + "}" + tail + "}\n")  # gputui times it as it reads it
 
 
 def checkpoint_dir() -> Path:

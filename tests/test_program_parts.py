@@ -195,6 +195,19 @@ def test_report_writes_lines_gputui_reads(tmp_path: Path) -> None:
     assert [(r.values, r.step, r.epoch) for r in records] == [({"loss": 0.5, "acc": 1}, 1, 0), ({"ok": 2.0}, None, None)]
 
 
+def test_numpy_scalars_are_numbers_and_other_objects_are_not(tmp_path: Path) -> None:
+    events = tmp_path / "reported.jsonl"
+    code = ("import numpy as np\nfrom gputui import report\n"
+            "report.log(step=np.int64(2), a=np.float32(0.5), b=np.int64(7), c=np.float64('inf'))\n"
+            "class Tensorish:\n    def __float__(self): return 1.0\n"
+            "try:\n    report.log(x=Tensorish())\nexcept TypeError as e:\n    print('refused', e)\n")
+    done = run_report(code, {"GPUTUI_EVENTS": str(events)})
+    assert done.returncode == 0, done.stderr
+    assert "refused report.log: x=" in done.stdout and "loss.item()" in done.stdout
+    [record] = Reports().feed(events.read_bytes())
+    assert (record.values, record.step) == ({"a": 0.5, "b": 7}, 2)
+
+
 def test_only_rank_0_reports_unless_all_ranks(tmp_path: Path) -> None:
     events = tmp_path / "reported.jsonl"
     code = "from gputui import report\nreport.log(x=1)\nreport.log(y=2, all_ranks=True)\n"
