@@ -173,7 +173,7 @@ def test_m_picks_the_metric_loss_like_first_and_x_goes_between_step_and_time() -
     async def scenario(pilot: Any) -> list[Any]:
         await replay(pilot, program_events(60))
         panel = app.query_one(CurvesPanel)
-        seen = [(panel.shown_metric(), panel.axis)]
+        seen: list[Any] = [(panel.shown_metric(), panel.axis)]
         for key in ("m", "m", "m", "x", "x"):
             await pilot.press(key)
             seen.append((panel.shown_metric(), panel.axis))
@@ -250,9 +250,9 @@ def test_o_shows_the_programs_last_lines_as_text_never_markup(tmp_path: Path) ->
     async def scenario(pilot: Any) -> tuple[str, Any]:
         await replay(pilot, program_events(3, str(run_dir)))
         await pilot.press("o")
-        await wait_for(pilot, lambda: isinstance(app.screen, OutputScreen) and app.screen.tail is not None,
+        await wait_for(pilot, lambda: isinstance(app.screen, OutputScreen) and getattr(app.screen, "tail", None),
                        what="the output read")
-        screen = app.screen
+        screen: Any = app.screen
         with (run_dir / "output.log").open("a") as fh:
             fh.write("the last line\n")
         await wait_for(pilot, lambda: screen.tail is not None and screen.tail.lines[-1] == "the last line",
