@@ -48,7 +48,8 @@ def register(sub: Any) -> None:
     procs.add_argument("--reverse", action="store_true", help="reverse the sort order")
     procs.add_argument("--user", metavar="NAME", help="only the processes of this user")
     procs.add_argument("--command", dest="command_filter", metavar="TEXT", help="only processes whose command line contains TEXT")
-    p.add_argument("--run", metavar="REF", help="watch this training run (run directory, run id, or last) for the alerts and --serve")
+    p.add_argument("--run", metavar="REF", help="watch this training run (run directory, run id, or last) for the alerts and --serve "
+                   "(a run of your own program: its latest metrics too, as gputui_run_metric)")
     p.add_argument("--serve", metavar="[HOST:]PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics while polling (HOST default 127.0.0.1)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",

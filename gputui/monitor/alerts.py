@@ -67,6 +67,9 @@ class RunFacts:
     test_acc: float | None = None
     samples_per_s: float | None = None
     non_finite: str | None = None  # why the loss is not a number, once it was seen
+    # A program run's metrics (gputui run -- PROGRAM): each name's latest value, first seen first
+    # (names are data from the events file: the exporter escapes them).
+    metrics: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ The monitor loop hands each round to an `ExportState`; a scrape reads that state
 lock and builds the metric families from it, so scraping costs no poll and never waits for
 one. Every host's and GPU's metrics are labelled gauges (`host`, `gpu`); a GPU's name, UUID
 and driver are in `gputui_gpu_info`; a metric a host does not give has no sample. The
-`[cloud]` cluster's money and the watched run's progress are there when known.
+`[cloud]` cluster's money and the watched run's progress are there when known; for a run of
+the user's own program, `gputui_run_metric{run_id, name}` is the latest value of each metric
+it reported (a name is data: cleaned to one printable line of at most METRIC_NAME_CHARS, then
+escaped by the exposition; of names that clean to the same text, the first).
 
 Units follow Prometheus' conventions: bytes, hertz, watts, celsius, ratios as 0-1 where
 the name says `ratio`, percentages where it says `percent`.
@@ -35,6 +38,7 @@ from gputui.model.telemetry import THROTTLE_CODES, HostSnapshot
 DEFAULT_ADDRESS = "127.0.0.1"
 READ_TIMEOUT_S = 10.0  # a request's line and headers, all of them, arrive within this
 MIB = 2.0**20
+METRIC_NAME_CHARS = 200  # a program's metric name as a label value, at most
 
 # GpuSample attribute -> (metric name, help, scale)
 GPU_GAUGES: tuple[tuple[str, str, str, float], ...] = (
@@ -176,6 +180,23 @@ class Collector:
             ("gputui_run_last_step_timestamp_seconds", "When the run's last step event was written", run.last_step),
         ):
             yield _one(gauge, name, doc, "run_id", run.run_id, value)
+        if run.metrics:
+            yield _metrics(gauge, run.run_id, run.metrics)
+
+
+def _metrics(gauge: Any, run_id: str, metrics: Sequence[tuple[str, float]]) -> Any:
+    """A program run's metrics: one sample per name (the latest value), the name a label value."""
+    from gputui.model.text import clean
+
+    family = gauge("gputui_run_metric", "The latest value of each metric the run's program reported", ("run_id", "name"))
+    seen: set[str] = set()
+    for raw, value in metrics:
+        name, number = clean(str(raw), METRIC_NAME_CHARS), finite(value)
+        if number is None or not name or name in seen:  # two samples with one label set break a scrape
+            continue
+        seen.add(name)
+        family.add_metric([run_id, name], float(number))
+    return family
 
 
 def _one(gauge: Any, name: str, doc: str, label: str, key: str, value: Any) -> Any:

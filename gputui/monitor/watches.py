@@ -84,6 +84,11 @@ def fold(facts: RunFacts, event: dict[str, Any]) -> RunFacts:
                        non_finite=bad or facts.non_finite)
     if kind in ("eval", "epoch"):
         return replace(facts, test_acc=_or(number(event.get("test_acc")), facts.test_acc))
+    if kind == "metrics":  # a program's report: progress as a step is (the stall alert), and its numbers
+        step = event.get("step")
+        return replace(facts, last_step=when if when is not None else time.time(),
+                       step=step if isinstance(step, int) and not isinstance(step, bool) else facts.step,
+                       metrics=_metrics(facts.metrics, event))
     if kind in ENDS:
         reason = clean(str(event.get("reason") or ""), 40).lower()
         said = clean(str(event.get("message") or ""), 400).lower()
@@ -134,6 +139,26 @@ def _step_loss(event: dict[str, Any]) -> tuple[float | None, str | None]:
     if isinstance(raw, str) and raw.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
         return None, f"{clean(raw, 20)} at step {event.get('step')}"
     return loss, None
+
+
+MAX_METRICS = 256  # names a watched program run keeps; a program naming a new one each step is cut here
+
+
+def _metrics(kept: tuple[tuple[str, float], ...], event: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """A program run's latest value of each metric after one metrics event (rank 0's reports,
+    or those without a rank: another rank's own numbers are not the run's)."""
+    from gputui.model.events import metric_values
+
+    if event.get("rank") not in (None, 0):
+        return kept
+    values = metric_values(event.get("values"))
+    if not values:
+        return kept
+    latest = dict(kept)
+    for name, value in values.items():
+        if name in latest or len(latest) < MAX_METRICS:
+            latest[name] = float(value)
+    return tuple(latest.items())
 
 
 def _or(value: Any, default: Any) -> Any:
