@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gputui"
 # The top of gputui/: the package, `python -m gputui` and the command line. Everything else lives
 # in a package that says what it is (model, config, runs, train, sources, cloud, cluster, sweep,
 # monitor, jobs, dashboard, views, ui, commands). At most 8 modules may stand here.
-TOP = {"__init__.py", "__main__.py", "cli.py"}
+TOP = {"__init__.py", "__main__.py", "cli.py", "report.py"}  # report: `from gputui import report` (docs/program.md)
 
 
 def module_name(path: Path) -> str:

@@ -21,7 +21,7 @@ NOT_HELPERS = {
     ("views/telemetry.py", "_num"): "formats a number through its units function; parses nothing",
     ("cloud/lease.py", "number"): "reads an instance tag's text (a string) as a time",
     ("cloud/sim.py", "number"): "reads a simulated instance tag's text (a string) as a time",
-    ("report.py", "log"): "gputui.report is stdlib only and imports nothing of gputui (a user's program copies or "
+    ("report.py", "_number_text"): "gputui.report is stdlib only and imports nothing of gputui (a user's program copies or "
                           "imports it alone): it checks the numbers it is given, it parses nothing",
 }
 # json parses of text this process wrote itself: (file) -> how many, and why they are not outside text.

@@ -309,14 +309,16 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit).
     `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial)."""
     from gputui.jobs import gpus as gpu_choice
-    from gputui.jobs.run import _stop_on_signals
-    from gputui.model.supervisor import Tree
+    from gputui.model.supervisor import Tree, stop_on_signals
     from gputui.train.distributed import _die_with_parent
 
     command = list(cfg.command)
     workdir = Path(cfg.workdir or ".").expanduser()
     if not workdir.is_dir():
         raise UserError(f"{workdir}: the program's workdir is not a directory (set [run] workdir, or cd there)")
+    from gputui.train.threads import child_env, machine, run_threads, take_sample
+
+    sample = take_sample()  # others' CPU use is sampled while the GPUs are looked at: no extra wait
     ddp = cfg.strategy == "ddp"
     nproc = (cfg.nproc or 0) if ddp else 1
     choice = gpu_choice.choose(cfg.device, cfg.gpus, max(nproc, 1), os.environ)
@@ -327,9 +329,8 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     find_program(command[0], workdir, env.get("PATH", ""))
     threads_info: dict[str, Any] = {}
     if choice.device == "cpu":  # on the CPU: threads that fit what is free
-        from gputui.train.threads import child_env, run_threads
-
-        threads, why = run_threads(cfg.threads, os.environ, workers=nproc)
+        view_now = None if cfg.threads or "OMP_NUM_THREADS" in os.environ else machine(sample)
+        threads, why = run_threads(cfg.threads, os.environ, workers=max(nproc, 1), view=view_now)
         if cfg.threads or "OMP_NUM_THREADS" not in os.environ:
             env = child_env(env, threads, why)
         threads_info = {"threads": threads, "threads_why": why}
@@ -400,7 +401,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     tree: Tree | None = None
     stopping_at: float | None = None
     try:
-        with _stop_on_signals(stop):
+        with stop_on_signals(stop):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gputui.jobs.keeper", "--grace", str(cfg.stop_grace_s),
                  "--parent", str(os.getpid()), "--", *argv],

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -25,6 +24,7 @@ from gputui.model.paths import profiles_dir, runs_home
 from gputui.config.run import RunConfig, RunSettings
 from gputui.config.profile import load_profile
 from gputui.model.units import plural
+from gputui.model.supervisor import stop_on_signals
 
 # Settings of the built-in nets alone: a program has its own flags (after --).
 NET_ONLY = ("model", "epochs", "batch_size", "lr", "evals_per_epoch", "cuda_graph", "data", "seed")
@@ -211,7 +211,7 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
     torch.set_num_threads(threads)
     start_info.update(threads=threads, threads_why=threads_why)
     stop = StopFlag()
-    with _stop_on_signals(stop):
+    with stop_on_signals(stop):
         data = prefetch.dataset()
         log = runs.EventLog(run.events)
         emit = _tee(log, view)
@@ -257,30 +257,6 @@ def _tee(log: runs.EventLog, view: View) -> Callable[[dict[str, Any]], None]:
         view.show(event)
 
     return emit
-
-
-class _stop_on_signals:
-    """SIGTERM/SIGINT/SIGHUP ask the loop to checkpoint and stop; a second SIGINT stops at once."""
-
-    def __init__(self, stop: Any) -> None:
-        self.stop = stop
-        self.previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.stop.set(signal.Signals(signum).name)
-
-    def __enter__(self) -> "_stop_on_signals":
-        from gputui.model.supervisor import STOP_SIGNALS
-
-        for sig in STOP_SIGNALS:
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 
 
 def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> None:

@@ -142,3 +142,25 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class stop_on_signals:
+    """SIGTERM/SIGINT/SIGHUP ask the loop to checkpoint and stop; a second SIGINT stops at once."""
+
+    def __init__(self, stop: Any) -> None:
+        self.stop = stop
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.stop.set(signal.Signals(signum).name)
+
+    def __enter__(self) -> "stop_on_signals":
+        for sig in STOP_SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
