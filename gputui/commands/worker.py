@@ -17,6 +17,8 @@ def register(subparsers: Any) -> None:
     worker.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")
     worker.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     worker.add_argument("--data", type=Path, metavar="DIR", help="data set to load at start (default: bundled MNIST)")
+    worker.add_argument("--program", action="store_true", help="trials of the user's own program ([run] command): "
+                        "no torch, no data set")
     worker.set_defaults(handler=cmd_worker)
 
 
@@ -28,6 +30,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UserError(f"--device {args.device}: expected auto, cpu, mps, cuda or cuda:N")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: expected a whole number >= 1")
+    if args.program:
+        from gputui.jobs import program
+        from gputui.sweep.programs import serve_programs
+
+        return serve_programs(args.device, args.threads, program)
     from gputui.sweep.trials import serve
 
     data = str(args.data.expanduser().resolve()) if args.data is not None else None

@@ -1,9 +1,11 @@
 """The `[sweep]` profile table: the search space over the run keys, the objective, the sampler,
 the pruner and the workers. Declared once, as `SweepSpec`; torch-free and optuna-free.
 
-The space is written with the run keys themselves (see gputui.sweep.space); they are gathered
-in `SweepSpec.space`. Cross-checking the table against the profile's `[run]` is
-gputui.sweep.space.spec_from.
+The space of the built-in nets is written with the run keys themselves (see gputui.sweep.space);
+they are gathered in `SweepSpec.space`. A sweep of the user's own program (`[run] command`)
+names its parameters freely in `[sweep.params]` (`Param`, in `SweepSpec.params`) and rates its
+trials by a metric the program reports (`objective = "val_acc"`, `direction`). Cross-checking the
+table against the profile's `[run]` is gputui.sweep.space.spec_from.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from dataclasses import field as attribute
 from typing import Any, Mapping
 
 from gputui.config.recipes import MODEL_NAMES
-from gputui.config.schema import REQUIRED, SCHEMA_KEYS, Field, key, section_of
+from gputui.config.schema import REQUIRED, SCHEMA, SCHEMA_KEYS, Field, key, section_of
 
 OBJECTIVES = ("max test_accuracy", "min time_to_accuracy")
+DIRECTIONS = ("maximize", "minimize")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A metric a program reports: the pattern of gputui.jobs.program.NAME (config sits below jobs;
+# tests/test_sweep_program.py checks the two agree).
+METRIC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
+# A parameter of a program's sweep: `{name}` in [run] command, a key of report.trial().
+PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # The run keys the space may cover, and how each is searched.
 SPACE_KEYS: dict[str, str] = {"lr": "log", "l1": "uniform", "batch_size": "choice", "epochs": "choice",
                               "model": "choice", "seed": "choice"}
@@ -47,6 +55,112 @@ def _name(value: Any) -> str | None:
     return None if NAME_RE.match(value) else "a name of letters, digits, '_', '.' or '-' (at most 64)"
 
 
+def _objective(value: Any) -> str | None:
+    if value in OBJECTIVES or METRIC_RE.match(value):
+        return None
+    return (f"{' or '.join(repr(o) for o in OBJECTIVES)} for the built-in nets, or the name of a metric your "
+            "program reports (e.g. \"val_acc\")")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a program's sweep, as `[sweep.params]` writes it:
+
+    - `name = [low, high]`, two floats: a float, uniform in [low, high];
+    - `name = {low = L, high = H}` (`log = true`: log-uniform): a float, or a whole number when
+      both bounds are whole numbers;
+    - `name = [a, b, c, ...]`, anything else: one of these choices (numbers, strings, booleans);
+      `name = {choices = [...]}` says the same (for two floats to choose between).
+    """
+
+    name: str
+    kind: str  # "float", "int" or "choice"
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+
+
+def _is_number(value: Any) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _choices_of(name: str, values: Any) -> Param:
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{name} as at least one choice (an empty list leaves nothing to try)")
+    for v in values:
+        if not (isinstance(v, (str, bool)) or _is_number(v)):
+            raise ValueError(f"{name}'s choices as numbers, strings or booleans (not {v!r})")
+    seen: list[Any] = []
+    for v in values:
+        if any(type(v) is type(s) and v == s for s in seen):
+            raise ValueError(f"{name}'s choices each once ({v!r} is given twice)")
+        seen.append(v)
+    return Param(name, "choice", choices=tuple(values))
+
+
+def _range_of(name: str, low: Any, high: Any, log: Any) -> Param:
+    if not (_is_number(low) and _is_number(high)):
+        raise ValueError(f"{name}'s low and high as numbers (not {low!r}, {high!r})")
+    if not isinstance(log, bool):
+        raise ValueError(f"{name}'s log as true or false (not {log!r})")
+    if low >= high:
+        why = "an empty range (a fixed value goes in the command)" if low == high else f"inverted: write [{high}, {low}]"
+        raise ValueError(f"{name} as [low, high] with low < high ([{low}, {high}] is {why})")
+    if log and low <= 0:
+        raise ValueError(f"{name} with low > 0 for log = true (low = {low})")
+    whole = isinstance(low, int) and isinstance(high, int)
+    return Param(name, "int" if whole else "float", low if whole else float(low), high if whole else float(high), log)
+
+
+def param_of(name: str, value: Any) -> Param:
+    """A `[sweep.params]` entry as a Param; a ValueError whose text follows "expected" (the schema's error)."""
+    if not PARAM_RE.match(name):
+        raise ValueError(f"parameter names of letters, digits and '_' ({name!r} is not one: a parameter is "
+                         "written {name} in [run] command)")
+    if isinstance(value, dict):
+        extra = sorted(set(value) - {"low", "high", "log", "choices"})
+        if extra:
+            raise ValueError(f"{name} as {{low, high, log}} or {{choices = [...]}} (unknown key {extra[0]!r})")
+        if "choices" in value:
+            if len(value) > 1:
+                raise ValueError(f"{name} as {{choices = [...]}} alone (no low, high or log beside them)")
+            return _choices_of(name, value["choices"])
+        if "low" not in value or "high" not in value:
+            raise ValueError(f"{name} as a range with low and high, e.g. {{low = 1e-4, high = 1e-1, log = true}}")
+        return _range_of(name, value["low"], value["high"], value.get("log", False))
+    if isinstance(value, list):
+        if len(value) == 2 and all(_is_number(v) for v in value) and any(isinstance(v, float) for v in value):
+            return _range_of(name, value[0], value[1], False)
+        return _choices_of(name, value)
+    raise ValueError(f"{name} as a range [low, high] or {{low, high, log}}, or a list of choices, not the one value "
+                     f"{value!r} (a fixed value goes in the command)")
+
+
+class ParamsField(Field):
+    """`[sweep.params]`: a table of parameters (`Param`), kept as a tuple in the order written."""
+
+    def expected(self) -> str:
+        return "a table of parameters (name = [low, high], {low, high, log}, or a list of choices)"
+
+    def coerce(self, value: Any) -> Any:
+        if isinstance(value, tuple):  # already coerced
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(self.expected())
+        if not value:
+            raise ValueError("at least one parameter, e.g. [sweep.params] lr = {low = 1e-4, high = 1e-1, log = true}")
+        return tuple(param_of(str(name), item) for name, item in value.items())
+
+
+_PARAMS = ParamsField("table", "Your own program's parameters ([run] command): name = [low, high] (two floats, "
+                      "uniform), {low = L, high = H, log = true} (log-uniform; whole numbers when both bounds are), or "
+                      "a list of choices. Each is {name} in the command and a key of report.trial().", ())
+
+
 # The keys of the space, one per entry of SPACE_KEYS: all gathered in SweepSpec.space.
 _SPACE: dict[str, Field] = {
     "lr": Field("float_pair", "Learning rate: [low, high], searched log-uniformly.", None, minimum=0,
@@ -71,9 +185,15 @@ class SweepSpec:
     profile_path: str | None = attribute()
     name: str = key("str", "The study's name (default: the profile's file name); `gputui sweep show NAME`.", None,
                     attr=REQUIRED, check=_name)
+    # a program's sweep: its own parameters ([sweep.params]); () for the built-in nets
+    params: tuple[Param, ...] = attribute(default=(), metadata={SCHEMA: _PARAMS})
     trials: int = key("int", "Trials to finish (complete, pruned or failed).", 20, minimum=1, maximum=100000)
     objective: str = key("str", "'max test_accuracy' (the final test accuracy) or 'min time_to_accuracy' "
-                         "(training seconds to reach `target`).", OBJECTIVES[0], choices=OBJECTIVES)
+                         "(training seconds to reach `target`); for your own program, the name of a metric it "
+                         "reports, e.g. \"val_acc\" (default: [run] objective): a trial's value is its last report.",
+                         OBJECTIVES[0], check=_objective)
+    direction: str = key("str", "Your own program's objective: maximize or minimize (default: [run] direction). "
+                         "The built-in objectives say theirs.", None, choices=DIRECTIONS)
     target: float | None = key("float", "min time_to_accuracy: the test accuracy to reach, in percent.", None,
                                minimum=0, exclusive_minimum=True, maximum=100)
     sampler: str = key("str", "tpe (Optuna's TPE, seeded) or random.", "tpe", choices=("tpe", "random"))
@@ -94,13 +214,23 @@ class SweepSpec:
                                    minimum=0, exclusive_minimum=True)
     keep_slaves: bool = key("bool", "Keep the cloud slaves the sweep started when it ends.", False)
 
+    def __post_init__(self) -> None:
+        if self.direction is None:  # a built-in objective says its own direction
+            object.__setattr__(self, "direction", "minimize" if self.objective.startswith("min ") else "maximize")
+
     @property
-    def direction(self) -> str:
-        return "maximize" if self.objective.startswith("max") else "minimize"
+    def of_program(self) -> bool:
+        """A sweep of the user's own program: its objective is a metric the program reports."""
+        return self.objective not in OBJECTIVES
 
     @property
     def metric(self) -> str:
-        return self.objective.split()[1]
+        return self.objective if self.of_program else self.objective.split()[1]
+
+    @property
+    def objective_text(self) -> str:
+        """The objective with its direction, as the study records it: "max val_acc", "max test_accuracy"."""
+        return f"{'max' if self.direction == 'maximize' else 'min'} {self.metric}" if self.of_program else self.objective
 
 
 SWEEP_SECTION = section_of(

@@ -6,6 +6,7 @@
 - scheduler.py  hands trials to workers, prunes, retries, counts; the master's loop
 - protocol.py   the JSON lines between the master and a worker
 - trials.py     the worker's side: trials through gputui's trainer, data loaded once
+- programs.py   the worker's side of a sweep of the user's own program: a fresh process per trial
 - view.py       the live progress line, plain lines, or JSON lines
 - show.py       `gputui sweep show`: the table, the importances, the best run's profile
 """

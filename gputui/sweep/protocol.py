@@ -4,6 +4,8 @@ master -> worker (stdin):
   {"op": "trial", "trial": N, "attempt": A, "profile": TOML, "run_dir": PATH, "resume": bool}
       train one trial: `profile` is a resolved run profile ([run] table, as profile.toml);
       `resume` continues from the checkpoint in run_dir (a retried trial whose checkpoint is there)
+  a program's trial (`gputui worker --program`) also carries "params": {NAME: VALUE} (into `{NAME}` in
+      [run] command and GPUTUI_TRIAL), "objective": METRIC and "direction"
   {"op": "stop", "trial": N, "reason": "pruned"}
       end trial N at its next step (a stop for another trial is ignored: it came too late)
   {"op": "exit"}, or the end of stdin: finish at once (a running trial is stopped)
@@ -12,9 +14,11 @@ worker -> master (stdout):
   {"op": "ready", "pid": P, "device": D, "torch": V, "threads": T, "load_s": S}
   {"op": "event", "trial": N, "data": EVENT, "eval": K}
       a run event (gputui.model.events) of trial N; eval/epoch events carry K, the 1-based index of
-      the evaluation within the trial (the step the pruner compares trials at)
+      the evaluation within the trial (the step the pruner compares trials at); a program's `metrics`
+      event carrying the objective has K = its step + 1 (gputui.sweep.programs), when that moves forward
   {"op": "result", "trial": N, "outcome": "done"|"stopped"|"error", "test_acc": .., "best_acc": ..,
    "elapsed_s": .., "reason": .., "error": MESSAGE, "idle_ms": ..}
+      (a program's trial: "value", the objective's last reported value, instead of the accuracies)
       (the start event of a trial also carries "startup_ms": from its trial message to that event)
   {"op": "fatal", "error": MESSAGE}   the worker cannot start (no torch, bad data): it exits next
 

@@ -12,6 +12,11 @@ a warning, not a crash. The shutdown is a list of independent steps: every worke
 held trial given back and every slot closed (cloud slaves released) whatever an earlier step
 raised; each failure is reported once (`shutdown_errors`).
 
+A sweep of the user's own program (`spec.of_program`) runs through the same loop: its workers
+(gputui.sweep.programs) start the program afresh for each trial, mark the `metrics` events that
+carry the objective with `eval` (the program's step + 1), and end a trial with the objective's
+last value; a pruned trial's run is stopped as `gputui run` stops one.
+
 Faults: a worker that dies gives its trial back (the retry prefers another slot, and continues
 from the trial's checkpoint when one is there); a trial that fails twice (a death or an error
 each time) is told FAIL with its error. A trial whose loss is not finite fails at once (it would
@@ -33,7 +38,7 @@ from gputui.model import outside
 from gputui.sweep import protocol, study as studies
 from gputui.sweep.lifecycle import Outcome, Trial, Trials, TrialState
 from gputui.sweep.base import Slot, WorkerGone, WorkerHandle
-from gputui.sweep.space import SweepSpec, suggest
+from gputui.sweep.space import SweepSpec, ask
 
 MAX_ATTEMPTS = 2  # a trial that fails this many times is failed
 MAX_RESPAWNS = 3  # a slot whose worker dies this many times is given up
@@ -286,8 +291,9 @@ class Scheduler:
         from gputui.config.run import RunSettings
 
         handle = self.study.ask()
-        params = suggest(handle, self.spec.space)
-        cfg = self.base.merged(RunSettings(**params)).resolve()
+        params = ask(handle, self.spec)
+        # a program's parameters are not run keys: its worker puts them into the command (and GPUTUI_TRIAL)
+        cfg = (self.base if self.spec.of_program else self.base.merged(RunSettings(**params))).resolve()
         return self.trials.add(Trial(number=handle.number, handle=handle, params=params, profile=cfg.to_toml()))
 
     def _pick(self, worker: Worker) -> Trial | None:
@@ -327,15 +333,19 @@ class Scheduler:
 
     def _start(self, worker: Worker, trial: Trial) -> None:
         directory = studies.trial_dir(self.spec.name, trial.number)
-        resume = trial.attempt > 1 and (directory / "ckpt.pt").is_file()
+        # a retry continues from its checkpoint (a program's worker resumes only if it wrote one)
+        resume = trial.attempt > 1 and (self.spec.of_program or (directory / "ckpt.pt").is_file())
         trial.started = self.clock()
         self.trials.start(trial)
         worker.busy = trial
         self.view.sweep("trial", trial=trial.number, slot=worker.slot.name, attempt=trial.attempt,
                         params=trial.params, resume=resume)
+        message = {"op": "trial", "trial": trial.number, "attempt": trial.attempt, "profile": trial.profile,
+                   "run_dir": str(directory), "resume": resume}
+        if self.spec.of_program:
+            message.update(params=trial.params, objective=self.spec.metric, direction=self.spec.direction)
         try:
-            worker.handle.send({"op": "trial", "trial": trial.number, "attempt": trial.attempt,
-                                "profile": trial.profile, "run_dir": str(directory), "resume": resume})
+            worker.handle.send(message)
         except WorkerGone:
             pass  # its output ends next: _lost gives the trial back
         self._write(trial, lambda: trial.handle.set_user_attr("slot", worker.slot.name))  # after the send: the dashboard's sweep view
@@ -422,6 +432,9 @@ class Scheduler:
                 self.startups_ms.append(startup)
         self.view.run_event(trial.number, worker.slot.name, event)
         index = protocol.integer(message.get("eval"))
+        if self.spec.of_program:
+            self._program_report(worker, trial, event, index)
+            return
         acc = protocol.number(event.get("test_acc"))
         if kind not in ("eval", "epoch") or index is None or acc is None or trial.state is TrialState.STOPPING:
             return
@@ -434,6 +447,20 @@ class Scheduler:
         else:
             reported = acc
         if not self._write(trial, lambda: trial.handle.report(reported, step=index - 1)):
+            return
+        if self.spec.pruner != "none" and trial.handle.should_prune():
+            self._stop_trial(worker, trial, "pruned")
+
+    def _program_report(self, worker: Worker, trial: Trial, event: dict[str, Any], index: int | None) -> None:
+        """A program's `metrics` event with the objective in it (its worker marks it with `eval`, the
+        program's step + 1): the value goes to the study at that step, and the pruner is asked."""
+        values = event.get("values")
+        value = protocol.number(values.get(self.spec.metric)) if isinstance(values, dict) else None
+        if (event.get("event") != "metrics" or index is None or value is None or index - 1 <= trial.last_step
+                or trial.state is TrialState.STOPPING):
+            return  # a retry reports its steps again: the study keeps the first attempt's
+        trial.last_step = index - 1
+        if not self._write(trial, lambda: trial.handle.report(value, step=index - 1)):
             return
         if self.spec.pruner != "none" and trial.handle.should_prune():
             self._stop_trial(worker, trial, "pruned")
@@ -464,6 +491,13 @@ class Scheduler:
             return
         if trial.stop_reason == "pruned" and outcome == "stopped":
             self._tell(trial, "pruned", slot=slot)
+        elif self.spec.of_program and outcome == "done":
+            value = protocol.number(message.get("value"))
+            if value is None:  # it would not report it on a second try either
+                self._tell(trial, "fail", slot=slot, error=f"the program ended without reporting {self.spec.metric} "
+                           f"(report.log({self.spec.metric}=...), or a [run] metrics_regex group of that name)")
+            else:
+                self._tell(trial, "complete", value, slot=slot)
         elif self.spec.metric == "time_to_accuracy":
             if trial.reached_s is not None:
                 self._tell(trial, "complete", trial.reached_s, slot=slot)

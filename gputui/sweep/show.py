@@ -3,9 +3,10 @@ parameter importances; `--json`; `--run FILE` writes the best trial's run profil
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 from gputui.model import units
 from gputui.model.errors import UserError
@@ -79,7 +80,9 @@ def report(name: str) -> dict[str, Any]:
 def print_report(data: dict[str, Any]) -> None:
     from gputui.views import cloud as view
 
-    metric = data["objective"].split()[1]
+    metric = data["objective"].split()[-1]
+    objective = data["objective"] if " " in data["objective"] else \
+        f"{'max' if data['direction'] == 'maximize' else 'min'} {metric}"  # a program's metric
     rows = []
     for r in data["trial_rows"]:
         params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
@@ -87,7 +90,7 @@ def print_report(data: dict[str, Any]) -> None:
         note = r["error"] or (f"requeued from {r['requeued_from']}" if r["requeued_from"] is not None else "")
         rows.append([r["number"], r["state"], value, params, r["evaluations"],
                      units.duration(r["duration_s"]), r["slot"] or "n/a", note])
-    view.print_table(f"Sweep {data['name']}: {data['objective']}"
+    view.print_table(f"Sweep {data['name']}: {objective}"
                      + (f" (target {data['target']:g}%)" if data["target"] else "")
                      + f", {data['finished']}/{data['trials']} trials finished",
                      ["trial", "state", "value", "params", "evals", "time", "slot", "note"], rows,
@@ -105,8 +108,10 @@ def print_report(data: dict[str, Any]) -> None:
         view.say(data["importances_note"] or "importances: n/a")
 
 
-def write_best_profile(name: str, target: Path | None) -> Path:
-    """The best trial's run profile, as `gputui run --profile` reads it; the file written."""
+def write_best_profile(name: str, target: Path | None,
+                       substitute: Callable[[Sequence[str], Mapping[str, Any]], list[str]] | None = None) -> Path:
+    """The best trial's run profile, as `gputui run --profile` reads it; the file written. A
+    program's parameters go into its command with `substitute` (gputui.jobs.program.substitute)."""
     from dataclasses import replace
 
     from gputui.config.run import RunSettings
@@ -115,10 +120,17 @@ def write_best_profile(name: str, target: Path | None) -> Path:
     winner = best(study)
     if winner is None:
         raise UserError(f"sweep {name}: no trial is complete yet, so there is no best run to write")
-    cfg = profile.run.merged(RunSettings(**dict(winner.params))).resolve()
     path = target if target is not None else Path(f"{name}-best.toml")
-    text = (f"# The best trial ({winner.number}) of sweep {name}: {spec.objective} = {winner.value!r}.\n"
+    text = (f"# The best trial ({winner.number}) of sweep {name}: {spec.objective_text} = {winner.value!r}.\n"
             f"# Train it again with: gputui run --profile {path}\n")
+    if spec.of_program:
+        params = dict(winner.params)
+        cfg = profile.run.resolve()
+        cfg = replace(cfg, command=tuple(substitute(cfg.command, params) if substitute else cfg.command))
+        text += ("# Its parameters (report.trial() is {} outside a sweep): "
+                 + json.dumps(params, sort_keys=True) + "\n")
+    else:
+        cfg = profile.run.merged(RunSettings(**dict(winner.params))).resolve()
     cfg = replace(cfg, device=profile.run.device or "auto")
     try:
         with open(path, "w", encoding="utf-8", opener=user_opener) as fh:  # the user's file: the user's umask

@@ -108,9 +108,12 @@ class LocalSlot:
     logs: Path
     usd_per_hour: float = 0.0
     env: dict[str, str] = field(default_factory=dict)
+    program: bool = False  # a sweep of the user's own program: `gputui worker --program` (no torch, no data)
 
     def spawn(self) -> ProcessHandle:
         argv = [sys.executable, "-m", "gputui", "worker", "--device", self.device]
+        if self.program:
+            argv.append("--program")
         env = clean_env(os.environ)  # a trial needs no cloud key, token or SSH agent (as DDP's ranks)
         if self.threads:
             argv += ["--threads", str(self.threads)]
@@ -142,7 +145,7 @@ def local_slots(spec: SweepSpec, run: Any, logs: Path, workers: int | None = Non
     `workers` (the --workers flag) overrides `[sweep] workers`; `gpus` stands for the NVML count."""
     count = spec.workers if workers is None else workers
     device = run.device or "auto"
-    data = run.data
+    data = None if spec.of_program else run.data
     if device == "cpu" or device == "mps":
         n_gpus = 0
     elif device.startswith("cuda:"):
@@ -154,12 +157,13 @@ def local_slots(spec: SweepSpec, run: Any, logs: Path, workers: int | None = Non
         places = [f"cuda:{first + g}" for g in range(n_gpus) for _ in range(spec.trials_per_gpu)]
         places = [places[i % len(places)] for i in range(count)] if count is not None else places
         threads = spec.threads or default_threads(len(places))
-        return [LocalSlot(name=f"{d.replace(':', '')}-{i}", device=d, threads=threads, data=data, logs=logs)
-                for i, d in enumerate(places)]
+        return [LocalSlot(name=f"{d.replace(':', '')}-{i}", device=d, threads=threads, data=data, logs=logs,
+                          program=spec.of_program) for i, d in enumerate(places)]
     n = (os.cpu_count() or 1) if count is None else count
     threads = spec.threads or default_threads(n)
     place = "mps" if device == "mps" else "cpu"
-    return [LocalSlot(name=f"{place}-{i}", device=place, threads=threads, data=data, logs=logs) for i in range(n)]
+    return [LocalSlot(name=f"{place}-{i}", device=place, threads=threads, data=data, logs=logs,
+                      program=spec.of_program) for i in range(n)]
 
 
 def sweep_slots(profile: Any, spec: SweepSpec, logs: Path, workers: int | None = None) -> list[Slot]:

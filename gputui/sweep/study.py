@@ -124,7 +124,7 @@ def create(spec: SweepSpec) -> Any:
                                 pruner=pruner)
     study.set_user_attr(PROFILE_ATTR, redact_profile(spec.profile_text))  # no webhook, token or password
     study.set_user_attr(PROFILE_PATH_ATTR, spec.profile_path)
-    study.set_user_attr("objective", spec.objective)
+    study.set_user_attr("objective", spec.objective_text)  # "max val_acc" for a program: readers split it
     study.set_user_attr("trials", spec.trials)
     return study
 

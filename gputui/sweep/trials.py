@@ -219,8 +219,9 @@ def read_stdin(stream: TextIO, inbox: "queue.Queue[dict[str, Any] | None]", work
 
 
 def serve(device: str, threads: int | None, data: str | None, stdin: TextIO = sys.stdin,
-          stdout: TextIO = sys.stdout) -> int:
-    """The worker's life: start, say ready, run trials until the end of stdin."""
+          stdout: TextIO = sys.stdout, make: Callable[[Write], Any] | None = None) -> int:
+    """The worker's life: start, say ready, run trials until the end of stdin. `make` builds
+    another kind of worker from `write` (gputui.sweep.programs: a program's trials)."""
     _die_with_parent()
     out_lock = threading.Lock()
 
@@ -235,7 +236,7 @@ def serve(device: str, threads: int | None, data: str | None, stdin: TextIO = sy
     reader = threading.Thread(target=read_stdin, args=(stdin, inbox, worker_ref), name="gputui-worker-stdin",
                               daemon=True)
     try:
-        worker = Worker(device, threads, data, write)
+        worker = make(write) if make is not None else Worker(device, threads, data, write)
     except Exception as exc:  # noqa: BLE001 - said on the protocol, and the process ends
         write({"op": "fatal", "error": str(exc).splitlines()[0][:2000] if str(exc) else type(exc).__name__})
         return 2

@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 
 
 def value_text(value: float | None, metric: str) -> str:
+    """A trial's value: a test accuracy in %, a time to accuracy in s, a program's metric as it is."""
     if value is None:
         return units.NA
-    return f"{value:.2f}%" if metric == "test_accuracy" else f"{value:.2f} s"
+    if metric == "test_accuracy":
+        return f"{value:.2f}%"
+    return f"{value:.2f} s" if metric == "time_to_accuracy" else f"{value:.4g}"
 
 
 def progress_text(p: Any, metric: str) -> str:

@@ -176,7 +176,8 @@ class SweepScreen(Screen[None]):
             marks = [lo + (hi - lo) * k / 4 for k in range(5)] if hi > lo else [lo]
             plt.xticks(marks, [units.duration(m * 60) for m in marks])
             plt.xlabel("time since the first trial started")
-            plt.ylabel("best " + ("test acc (%)" if data.metric == "test_accuracy" else "seconds"))
+            plt.ylabel("best " + {"test_accuracy": "test acc (%)", "time_to_accuracy": "seconds"}.get(data.metric,
+                                                                                                   data.metric))
             plt.title("best so far")
         else:
             plt.title("best so far: no trial complete yet")
