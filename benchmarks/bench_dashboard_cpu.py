@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import os
 import re
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -144,12 +146,13 @@ class Tmux:
         subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
 
 
-def start_dashboard(home: Path, hosts: int, gpus: int) -> tuple[Tmux, psutil.Process]:
+def start_dashboard(home: Path, hosts: int, gpus: int, profile: Path | None = None) -> tuple[Tmux, psutil.Process]:
     env = {"GPUTUI_HOME": str(home), "GPUTUI_DEMO_HOSTS": str(hosts), "GPUTUI_DEMO_GPUS": str(gpus),
            "TERM": "xterm-256color"}
     command = (f"cd {shlex.quote(str(REPO))} && exec env "
                + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-               + f" {shlex.quote(sys.executable)} -m gputui --demo")
+               + f" {shlex.quote(sys.executable)} -m gputui --demo"
+               + (f" --profile {shlex.quote(str(profile))}" if profile is not None else ""))
     tmux = Tmux()
     tmux("new-session", "-d", "-s", "dash", "-x", str(SIZE[0]), "-y", str(SIZE[1]), command)
     tmux("set-option", "-t", "dash", "remain-on-exit", "on")
@@ -278,6 +281,62 @@ def streaming(home: Path, args: argparse.Namespace) -> dict[str, Any]:
         tmux.kill()
 
 
+REPORTER = """
+import sys, time
+from gputui import report
+rate = float(sys.argv[1])
+t0, step = time.monotonic(), 0
+while True:
+    due = int((time.monotonic() - t0) * rate)
+    while step < due:
+        step += 1
+        report.log(step=step, epoch=step // 10000, loss=1.0 / (1 + step / 1000), acc=min(0.99, step / 20000))
+    if report.should_stop():
+        break
+    time.sleep(0.005)
+"""
+
+
+def program(home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A real `gputui run` of a program that reports `rate` times a second (gputui.report), followed
+    by the dashboard (started with the program's profile: `t` attaches to its live run)."""
+    home.mkdir(parents=True)
+    prog = home / "reporter.py"
+    prog.write_text(REPORTER)
+    profile = home / "program.toml"
+    profile.write_text(f'[run]\ncommand = ["python", "reporter.py", "{args.rate:g}"]\ndevice = "cpu"\n')
+    env = dict(os.environ, GPUTUI_HOME=str(home))
+    run = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    tmux = None
+    try:
+        assert run.stdout is not None
+        start = run.stdout.readline()
+        if '"start"' not in start:
+            raise RuntimeError(f"the program's run did not start: {start} {run.stderr.read() if run.stderr else ''}")
+        run_dir = Path(json.loads(start)["run_dir"])
+        threading.Thread(target=lambda: [None for _ in run.stdout], daemon=True).start()  # keep its pipe drained
+        tmux, proc = start_dashboard(home, args.hosts, args.gpus, profile)
+        tmux("send-keys", "-t", "dash", "t")  # a live run of this profile: t attaches to it
+        tmux.wait(re.compile(r"loss"), 60, "the dashboard to follow the program's run")
+        time.sleep(args.warmup)
+        before = sum(1 for _ in open(run_dir / "reported.jsonl", "rb"))
+        result = measure(proc, tmux, args.seconds)
+        reported = sum(1 for _ in open(run_dir / "reported.jsonl", "rb")) - before
+        result["torch"] = len(torch_mapped(proc))
+        result["events"] = float(sum(1 for _ in open(run_dir / "events.jsonl", encoding="utf-8")))
+        result["reports_per_s"] = reported / result["window_s"]
+        return result
+    finally:
+        run.send_signal(signal.SIGTERM)
+        try:
+            run.wait(60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+        if tmux is not None:
+            tmux.kill()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="gputui dashboard: idle CPU, and CPU with a run streaming events")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window (default 20 s)")
@@ -285,7 +344,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1000.0, help="events per second of the stand-in run")
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--only", choices=("idle", "stream"), help="one of the two measurements")
+    parser.add_argument("--only", choices=("idle", "stream", "program"), help="one of the measurements")
     parser.add_argument("--feed", action="store_true", help=argparse.SUPPRESS)  # be the stand-in run
     parser.add_argument("--profile", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -308,6 +367,13 @@ def main() -> int:
                   f"(ratio {r['cpu_pct'] / STREAM_BUDGET_PCT:.2f}); curves changed {r['curve_hz']:.2f}/s, "
                   f"progress line {r['step_hz']:.2f}/s (screen sampled at 10 Hz; need >= {REDRAW_MIN_HZ:.0f}/s); "
                   f"last progress line {r['last_progress']!r}; torch loaded: {'yes' if r['torch'] else 'no'}")
+        if args.only in (None, "program"):
+            r = program(Path(tmp) / "program", args)
+            failed |= r["cpu_pct"] > STREAM_BUDGET_PCT or r["torch"] > 0
+            print(f"a program reporting {r['reports_per_s']:.0f} times/s through gputui.report ({r['events']:.0f} "
+                  f"events written: at most 50/s), same hosts: {r['cpu_pct']:.2f}% of one core over "
+                  f"{r['window_s']:.0f} s; budget {STREAM_BUDGET_PCT:.0f}% (ratio {r['cpu_pct'] / STREAM_BUDGET_PCT:.2f}); "
+                  f"curves changed {r['curve_hz']:.2f}/s; torch loaded: {'yes' if r['torch'] else 'no'}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 1 if failed else 0
 
