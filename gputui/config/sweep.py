@@ -83,9 +83,9 @@ class Param:
 
 
 def _is_number(value: Any) -> bool:
-    import math
+    from gputui.model.outside import finite
 
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return finite(value) is not None
 
 
 def _choices_of(name: str, values: Any) -> Param:

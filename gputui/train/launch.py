@@ -120,10 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[TOKEN_ENV] = token  # the workers key their own store with it (gputui.train.rdzv.worker_store)
     rendezvous_handler_registry.register(BACKEND, create_handler)
     args = list(sys.argv[1:] if argv is None else argv)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         torchrun.main(args)
     except SystemExit as exc:  # torchrun's @record ends with sys.exit(1) on a failed worker
         return exc.code if isinstance(exc.code, int) else 1
+    except SignalException as exc:  # stopped (SIGTERM from gputui): its workers got it too; no traceback
+        return 128 + int(getattr(exc, "sigval", 15))
     return 0
 
 
