@@ -331,3 +331,39 @@ def test_dataparallel_and_net_flags_are_refused_in_one_line(tmp_path: Path) -> N
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and said in done.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_fifo_as_the_reports_file_is_one_warning_not_a_hang(tmp_path: Path) -> None:
+    code = ("import os\nos.unlink(os.environ['GPUTUI_EVENTS']) if os.path.exists(os.environ['GPUTUI_EVENTS']) else None\n"
+            "os.mkfifo(os.environ['GPUTUI_EVENTS'])\nprint('made a fifo', flush=True)\n"
+            "import time\nfor _ in range(3000):\n    time.sleep(0.01)\n"  # lives while gputui looks at the file
+            "    if os.path.exists(os.environ['GPUTUI_STOP_FILE']): break\n")
+    (tmp_path / "fifo.py").write_text(code)
+    with Child(argv("run", "--json", "--run-dir", str(tmp_path / "run"), "--", "python", "fifo.py"), env=cli_env(),
+               cwd=tmp_path) as child:
+        warning = child.wait_for(lambda e: e.get("event") == "warning", 120, "the warning about the FIFO")
+        child.proc.send_signal(signal.SIGINT)
+        assert child.finish(60) == 0, child._seen()
+    assert "is not a regular file" in warning["message"] and warning["reason"] == "bad_report"
+    assert [e["event"] for e in child.events].count("warning") == 1
+
+
+def test_the_program_makes_its_files_with_the_users_umask(tmp_path: Path) -> None:
+    (tmp_path / "mask.py").write_text("import os\nmask = os.umask(0)\nprint(f'umask {mask:03o}')\n")
+    done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "mask.py"), cwd=tmp_path,
+                          env=cli_env(), capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.umask(0o022))
+    assert done.returncode == 0, done.stderr
+    assert "umask 022" in done.stdout  # gputui's own 077 is gputui's: the program makes files as the user would
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700  # ... inside a run directory of this account's
+
+
+def test_a_keeper_killed_under_a_live_run_takes_the_program_with_it(tmp_path: Path) -> None:
+    with start(tmp_path, "forever") as child:
+        child.wait_for(lambda e: e.get("event") == "metrics", 120, "the first metrics event")
+        pids = pids_of(tmp_path)
+        [keeper] = [p for p in psutil.Process(child.proc.pid).children() if "gputui.jobs.keeper" in p.cmdline()]
+        keeper.kill()  # e.g. the OOM killer: the program is orphaned to init, out of the keeper's reach
+        code = child.finish(120)
+    assert code == 1 and child.events[-1]["event"] == "error"
+    assert_none_left(pids, "the keeper died (gputui remembered the program's processes)")

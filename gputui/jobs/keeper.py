@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gputui.jobs.keeper")
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--parent", type=int, default=0, help="gputui's pid: if it is already gone, stop at once")
+    parser.add_argument("--umask", type=lambda text: int(text, 8), default=None,
+                        help="the user's umask, for the program (gputui itself runs with 077)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, on_stop)
     if stop["deadline"] is not None:  # stopped before the program started: it does not start
         return 128 + signal.SIGTERM
+    if args.umask is not None:  # the program's files are made as the user would make them
+        os.umask(args.umask)
     try:
         proc = subprocess.Popen(command)
     except OSError as exc:

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gputui.model import events, outside
 from gputui.model.errors import GputuiError, UserError
@@ -38,6 +38,7 @@ MAX_VALUES = 64  # metrics in one report line; more are dropped (and counted)
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")  # a metric's name
 EVENTS_PER_S = 50.0  # metrics events written at most this often; faster reports are merged
 READ_CHUNK = 1 << 20
+READS_PER_TICK = 64  # at most 64 MiB of reports read between two looks at the program and the stop flag
 POLL_S = 0.05
 STEP_KEYS = ("step", "epoch")  # named groups of a metrics_regex that place a line, not measure it
 
@@ -281,6 +282,53 @@ def command_text(command: Sequence[str]) -> str:
     return shlex.join(command)
 
 
+class ReportsFile:
+    """The program's reports file (GPUTUI_EVENTS), read from where it ended when the attempt began.
+    Opened once it exists, without blocking and only if it is a regular file (a FIFO would block
+    the open, a device would never end: `refused` says so once); at most READS_PER_TICK chunks a
+    call, so a flood never keeps gputui from looking at the program and its stop flag."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.is_file() else 0
+        self.fh: Any = None
+        self.gave_up = False
+        self.refused: str | None = None
+
+    def _open(self) -> None:
+        import stat
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.gave_up, self.refused = True, f"cannot read {self.path}: {exc.strerror or exc}"
+            return
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self.gave_up, self.refused = True, f"{self.path} is not a regular file: the program's reports are not read"
+            return
+        os.set_blocking(fd, True)
+        self.fh = os.fdopen(fd, "rb")
+        self.fh.seek(self.offset)
+
+    def chunks(self) -> Iterator[bytes]:
+        if self.fh is None and not self.gave_up:
+            self._open()
+        if self.fh is None:
+            return
+        for _ in range(READS_PER_TICK):
+            chunk = self.fh.read(READ_CHUNK)
+            if not chunk:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+
 def find_program(name: str, workdir: Path, path: str) -> str:
     """Where `name` is (a path is taken from `workdir`); a UserError in one line when it is nowhere."""
     import shutil
@@ -309,6 +357,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit).
     `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial)."""
     from gputui.jobs import gpus as gpu_choice
+    from gputui.model.paths import user_umask
     from gputui.model.supervisor import Tree, stop_on_signals
     from gputui.train.distributed import _die_with_parent
 
@@ -404,7 +453,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
         with stop_on_signals(stop):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gputui.jobs.keeper", "--grace", str(cfg.stop_grace_s),
-                 "--parent", str(os.getpid()), "--", *argv],
+                 "--parent", str(os.getpid()), "--umask", f"{user_umask():o}", "--", *argv],
                 cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 start_new_session=not sys.platform.startswith("linux"))
@@ -413,19 +462,17 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                      _Pump(proc.stderr, "stderr", output_file, lock, on_line)]
             for pump in pumps:
                 pump.start()
-            reported = run.path / REPORTED
-            offset = reported.stat().st_size if reported.exists() else 0
-            fh = None
+            reported = ReportsFile(run.path / REPORTED)
+            looked = time.monotonic()
             while True:
                 finished = proc.poll() is not None
-                if fh is None and reported.exists():
-                    fh = open(reported, "rb")
-                    fh.seek(offset)
+                if time.monotonic() - looked > 1.0:  # remember the program's processes (the keeper could die)
+                    tree.refresh()
+                    looked = time.monotonic()
                 got = False
-                while fh is not None:
-                    chunk = fh.read(READ_CHUNK)
-                    if not chunk:
-                        break
+                for chunk in reported.chunks():
+                    if not got and not reports.lines.fed:  # its first report: the program's processes are up
+                        tree.refresh()
                     got = True
                     now = time.monotonic()
                     with output_lock:
@@ -434,6 +481,9 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                     warning = reports.tally.warning()
                     if warning is not None:
                         emit(events.make("warning", reason="bad_report", message=warning))
+                if reported.refused is not None:
+                    emit(events.make("warning", reason="bad_report", message=reported.refused))
+                    reported.refused = None
                 with output_lock:
                     metrics(pacer.due(time.monotonic(), flush=finished))
                 if finished and not got:
@@ -445,8 +495,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                     tree.kill()  # the keeper itself did not end the program in its grace
                 if not got:
                     time.sleep(POLL_S)
-            if fh is not None:
-                fh.close()
+            reported.close()
             for pump in pumps:
                 pump.join(10)
     except BaseException:  # a second Ctrl-C, a closed stdout: nothing of the program outlives gputui
