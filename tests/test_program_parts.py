@@ -264,3 +264,28 @@ def test_a_forked_child_still_ends_on_sigterm(tmp_path: Path) -> None:
             "print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)\n")
     done = run_report(code, {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")})
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_the_terminal_view_of_a_program_has_one_status_line() -> None:
+    import io
+
+    from gputui.model.events import make
+    from gputui.views.program import ProgramView, TerminalView
+
+    view = TerminalView()
+    view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[1, 3], device="cuda",
+                   strategy="single", world_size=1))
+    inner = view.inner
+    assert isinstance(inner, ProgramView)
+    inner.console.file = io.StringIO()  # not a terminal: no live line
+    view.show(make("metrics", step=10, epoch=1, values={"loss": 0.25, "val_acc": 0.9}, elapsed_s=65.0))
+    view.show(make("metrics", step=20, values={"loss\x1b[31m": 0.125}, elapsed_s=66.0))
+    line = inner.status_text()
+    assert line.startswith("step 20 · epoch 1 · ")
+    assert "\x1b" not in line and "0.125" in line  # a hostile name is cleaned, never a terminal escape
+    assert "val_acc 0.9" in line and "loss 0.25" in line and "GPU 1,3" in line and "1m" in line
+    net = TerminalView()
+    net.show(make("start", run_id="r2", model="seed", device="cpu", strategy="single", world_size=1, epochs=1,
+                  total_steps=10, steps_per_epoch=10))
+    assert not isinstance(net.inner, ProgramView)  # a built-in net keeps its progress bar
+    net.close()
