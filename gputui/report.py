@@ -93,11 +93,14 @@ def _number_text(name: str, value: Any) -> str | None:
     return float.__repr__(number) if math.isfinite(number) else None
 
 
-def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = False, **metrics: float) -> None:
+def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = False, checkpoint: bool = False,
+        **metrics: float) -> None:
     """Record `metrics` (name=number) at `step` and `epoch` as one line gputui reads.
 
     Numbers only (a bool, text or a tensor is a TypeError: pass `loss.item()`); NaN and infinities
-    are left out. Under DDP only rank 0's calls are kept, unless `all_ranks=True`."""
+    are left out. Under DDP only rank 0's calls are kept, unless `all_ranks=True`.
+    `checkpoint=True`: a checkpoint was just written to `checkpoint_dir()` (on a cluster, gputui
+    pulls it to the master now rather than at its next `checkpoint_pull_s`)."""
     parts = []
     for name, value in metrics.items():
         text = _number_text(name, value)
@@ -119,6 +122,8 @@ def log(step: int | None = None, epoch: int | None = None, *, all_ranks: bool = 
         return
     if all_ranks:
         tail += f',"rank":{rank}'
+    if checkpoint:
+        tail += ',"checkpoint":true'
     _reporter.write('{"values":{' + ",".join(parts) + "}" + tail + "}\n")  # gputui times it as it reads it
 
 

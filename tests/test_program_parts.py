@@ -289,3 +289,16 @@ def test_the_terminal_view_of_a_program_has_one_status_line() -> None:
                   total_steps=10, steps_per_epoch=10))
     assert not isinstance(net.inner, ProgramView)  # a built-in net keeps its progress bar
     net.close()
+
+
+def test_a_checkpoint_report_is_marked_and_survives_merging(tmp_path: Path) -> None:
+    events = tmp_path / "reported.jsonl"
+    code = "from gputui import report\nreport.log(step=5, loss=0.5)\nreport.log(step=6, checkpoint=True)\n"
+    assert run_report(code, {"GPUTUI_EVENTS": str(events)}).returncode == 0
+    first, second = Reports().feed(events.read_bytes())
+    assert (first.checkpoint, second.checkpoint, second.values, second.step) == (False, True, {}, 6)
+    pacer = Pacer(per_s=10)
+    pacer.add(first, now=0.0)
+    assert pacer.add(second, now=0.01) == []
+    [(merged, count)] = pacer.due(now=0.2)
+    assert merged.checkpoint and merged.values == {} and count == 1

@@ -99,6 +99,18 @@ class RunConfig:
                                          check=_check_regexes)
     stop_grace_s: float = key("float", "Seconds a stopped program has to save and exit before SIGKILL.", 30.0,
                               minimum=0, maximum=3600)
+    # ... on a cluster's nodes and spot slaves (docs/program.md#on-ssh-hosts-and-spot-slaves)
+    sync_exclude: tuple[str, ...] = key("str_list", "Glob patterns of workdir files not sent to the nodes (besides "
+                                        "what .gitignore leaves out in a git work tree).", ())
+    sync_max_mb: float = key("float", "The most of workdir sent to a node, in MB: over it the run is refused, naming "
+                             "the largest files.", 200.0, minimum=0, exclusive_minimum=True, maximum=1 << 20)
+    setup: str | None = key("str", "A shell command run once per node in its gputui venv, e.g. \"pip install -r "
+                            "requirements.txt\" (again when `setup_files` change).", None)
+    setup_files: tuple[str, ...] = key("str_list", "Files of workdir whose change runs `setup` again.",
+                                       ("requirements.txt", "pyproject.toml"))
+    checkpoint_pull_s: float = key("float", "Seconds between pulls of rank 0's checkpoint directory to the master "
+                                   "(also at each report.log(checkpoint=True) and on stop).", 60.0, minimum=1,
+                                   maximum=86400)
     objective: str | None = key("str", "A reported metric that rates the run (its last and best are listed), e.g. "
                                 "\"val_acc\".", None)
     direction: str = key("str", "Whether the objective is better high (maximize) or low (minimize).", "maximize",

@@ -53,6 +53,7 @@ class Record:
     rank: int | None = None
     time: float | None = None  # Unix seconds, as the program said (checked against the clock before use)
     source: str = "report"
+    checkpoint: bool = False  # the program says it has just written a checkpoint (report.log(checkpoint=True))
 
 
 class Reports:
@@ -94,10 +95,11 @@ class Reports:
                 self.tally.refuse(f"a value that is not a finite number under a metric's name ({name[:40]!r})")
                 continue
             values[name] = number
-        if not values:
+        checkpoint = raw.get("checkpoint") is True
+        if not values and not checkpoint:
             return None
         return Record(values, step=outside.index(raw.get("step")), epoch=outside.index(raw.get("epoch")),
-                      rank=outside.index(raw.get("rank")), time=outside.number(raw.get("time")))
+                      rank=outside.index(raw.get("rank")), time=outside.number(raw.get("time")), checkpoint=checkpoint)
 
 
 class OutputMetrics:
@@ -144,7 +146,8 @@ class Pacer:
             merged = Record({**held[0].values, **record.values},
                             step=record.step if record.step is not None else held[0].step,
                             epoch=record.epoch if record.epoch is not None else held[0].epoch,
-                            rank=record.rank, time=record.time, source=record.source)
+                            rank=record.rank, time=record.time, source=record.source,
+                            checkpoint=record.checkpoint or held[0].checkpoint)
             record, count = merged, held[1] + 1
         else:
             count = 1
@@ -430,6 +433,8 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 fields["rank"] = record.rank
             if count > 1:
                 fields["merged"] = count
+            if record.checkpoint:
+                fields["checkpoint"] = True
             emit(events.make("metrics", **{k: v for k, v in fields.items() if v is not None}))
 
     output_lock = threading.Lock()
