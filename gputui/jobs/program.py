@@ -268,19 +268,6 @@ class _Pump(threading.Thread):
             self.line(text, self.kind)
 
 
-class _Stop:
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason = ""
-
-    def set(self, reason: str = "interrupted") -> None:
-        self.reason = reason
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-
 def command_text(command: Sequence[str]) -> str:
     return shlex.join(command)
 
@@ -361,7 +348,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial)."""
     from gputui.jobs import gpus as gpu_choice
     from gputui.model.paths import user_umask
-    from gputui.model.supervisor import Tree, stop_on_signals
+    from gputui.model.supervisor import StopFlag, Tree, stop_on_signals
     from gputui.train.distributed import _die_with_parent
 
     command = list(cfg.command)
@@ -448,7 +435,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
             with output_lock:
                 metrics(pacer.add(record, time.monotonic()))
 
-    stop = stop if stop is not None else _Stop()
+    stop = stop if stop is not None else StopFlag()
     emit(events.make("start", **start))
     output_file = open(run.path / OUTPUT, "ab")
     proc: subprocess.Popen[bytes] | None = None

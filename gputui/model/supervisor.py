@@ -164,3 +164,19 @@ class stop_on_signals:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+class StopFlag:
+    """A run's stop request: set from a signal handler (or a sweep's stop), read by the run's loop,
+    which checkpoints and stops; `reason` says what asked (SIGINT, pruned, ...)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str = "interrupted") -> None:
+        self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from gputui.model import outside
+from gputui.model.supervisor import StopFlag
 from gputui.sweep import protocol
 
 Write = Callable[[dict[str, Any]], None]
@@ -38,21 +39,6 @@ class ProgramRuns(Protocol):
     def substitute(self, command: Sequence[str], params: Mapping[str, Any]) -> list[str]: ...
 
     def wrote_checkpoint(self, path: Path) -> bool: ...
-
-
-class StopFlag:
-    """The running trial's stop: set by the stdin reader (the master's stop), read by the run's loop."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason = ""
-
-    def set(self, reason: str = "interrupted") -> None:
-        self.reason = reason
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
 
 
 class Relay:
@@ -93,29 +79,18 @@ class Relay:
         return at
 
 
-class ProgramWorker:
+class ProgramWorker(protocol.CurrentTrial):
     """Runs a program's trials read from the master; the same duties as gputui.sweep.trials.Worker."""
 
     def __init__(self, device: str, threads: int | None, runs: ProgramRuns, write: Write) -> None:
+        super().__init__()
         t0 = time.perf_counter()
         self.device, self.threads, self.runs, self.write = device, threads, runs, write
-        self.current: tuple[int, StopFlag] | None = None
-        self.lock = threading.Lock()
         self.load_s = time.perf_counter() - t0
 
     def ready(self) -> dict[str, Any]:
         return {"op": "ready", "pid": os.getpid(), "device": self.device, "threads": self.threads,
                 "load_s": round(self.load_s, 3)}
-
-    def stop(self, trial: Any, reason: str) -> None:
-        with self.lock:
-            if self.current is not None and self.current[0] == trial:
-                self.current[1].set(reason)
-
-    def stop_all(self, reason: str) -> None:
-        with self.lock:
-            if self.current is not None:
-                self.current[1].set(reason)
 
     def run_trial(self, message: dict[str, Any]) -> None:
         from gputui.config.profile import parse_profile

@@ -56,3 +56,24 @@ def decode(line: str | bytes, tally: outside.Tally | None = None) -> dict[str, A
         tally.refuse("a JSON object that is not a message (no op)")
         return None
     return value
+
+
+class CurrentTrial:
+    """A worker's one trial at a time, and its stop: the master's `stop` (one trial) and the end of
+    its stdin (all) set the running trial's StopFlag. Both kinds of worker (the nets', a program's)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.current: tuple[int, Any] | None = None
+
+    def stop(self, trial: Any, reason: str) -> None:
+        with self.lock:
+            if self.current is not None and self.current[0] == trial:
+                self.current[1].set(reason)
+
+    def stop_all(self, reason: str) -> None:
+        with self.lock:
+            if self.current is not None:
+                self.current[1].set(reason)

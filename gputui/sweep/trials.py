@@ -72,10 +72,11 @@ class DeviceData:
         loop.to_device = cached  # type: ignore[assignment]
 
 
-class Worker:
+class Worker(protocol.CurrentTrial):
     """Runs trials read from `inbox` (decoded messages), writes messages with `write`."""
 
     def __init__(self, device_spec: str, threads: int | None, data: str | None, write: Write) -> None:
+        super().__init__()
         t0 = time.perf_counter()
         from gputui.train.startup import Prefetch
 
@@ -108,23 +109,11 @@ class Worker:
         self.torch_version = torch.__version__
         self.threads = torch.get_num_threads()
         self.load_s = time.perf_counter() - t0
-        self.current: tuple[int, Any] | None = None
-        self.lock = threading.Lock()
         self.last_end: float | None = None
 
     def ready(self) -> dict[str, Any]:
         return {"op": "ready", "pid": os.getpid(), "device": str(self.device), "torch": self.torch_version,
                 "threads": self.threads, "load_s": round(self.load_s, 3)}
-
-    def stop(self, trial: Any, reason: str) -> None:
-        with self.lock:
-            if self.current is not None and self.current[0] == trial:
-                self.current[1].set(reason)
-
-    def stop_all(self, reason: str) -> None:
-        with self.lock:
-            if self.current is not None:
-                self.current[1].set(reason)
 
     def run_trial(self, message: dict[str, Any]) -> None:
         from gputui.runs import store as runs

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from gputui.model import events
+from gputui.model.supervisor import StopFlag
 from gputui.model.errors import GputuiError, UserError
 from gputui.config.run import RunConfig
 from gputui.runs.store import RunDir
@@ -63,21 +63,6 @@ class Dist:
 
     rank: int
     world: int
-
-
-class StopFlag:
-    """Set from a signal handler; the loop checkpoints and stops at the next step."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason = ""
-
-    def set(self, reason: str = "interrupted") -> None:
-        self.reason = reason
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
 
 
 class Diverged(GputuiError):

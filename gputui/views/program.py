@@ -15,6 +15,7 @@ from typing import Any
 from gputui.model import units
 from gputui.model.events import metric_values, typed
 from gputui.model.text import clean
+from gputui.views.progress import _text
 
 STATUS_VALUES = 6  # metrics on the status line (the latest-reported first)
 REFRESH_S = 0.25
@@ -67,7 +68,7 @@ class ProgramView:
             self.program = clean(str(event.get("program") or ""))[:80]
             elapsed = self.elapsed
             note = " (resumed)" if event.get("resumed") else ""
-            self.console.print(self._text("run ", (event.get("run_id"), "bold"), ": ", (self.program, ""),
+            self.console.print(_text("run ", (event.get("run_id"), "bold"), ": ", (self.program, ""),
                                           f" on {self.gpus}{note}"))
             self.elapsed = elapsed
             if self.console.is_terminal:
@@ -99,12 +100,12 @@ class ProgramView:
                 self.elapsed = float(event["elapsed_s"])
             self.close()
             if kind == "done":
-                self.console.print(self._text(("done", "green"), ": ", (self.status_text(), "")))
+                self.console.print(_text(("done", "green"), ": ", (self.status_text(), "")))
             elif kind == "interrupted":
-                self.console.print(self._text(("interrupted", "yellow"), " (", (event.get("reason") or "", ""), "): ",
+                self.console.print(_text(("interrupted", "yellow"), " (", (event.get("reason") or "", ""), "): ",
                                               (self.status_text(), "")))
         elif kind == "warning":
-            self.console.print(self._text(("warning: ", "yellow"), (event.get("message") or "", "")))
+            self.console.print(_text(("warning: ", "yellow"), (event.get("message") or "", "")))
 
     def close(self) -> None:
         if self.live is not None:
@@ -137,18 +138,6 @@ class ProgramView:
         if self.live is not None and now - self._drawn >= REFRESH_S:
             self._drawn = now
             self.live.update(self._status(), refresh=True)
-
-    @staticmethod
-    def _text(*parts: Any) -> Any:
-        from rich.text import Text
-
-        line = Text()
-        for part in parts:
-            if isinstance(part, tuple):
-                line.append(clean(str(part[0])), part[1])
-            else:
-                line.append(part)
-        return line
 
 
 class TerminalView:
