@@ -98,8 +98,8 @@ DESELECT = [
     "tests/test_cloud_sim.py::test_up_leaves_a_guard_that_goes_when_the_slaves_do",
 ]
 
-# What the tests read besides the package: the shipped profiles (resolve_profile's default).
-COPY = ["gputui", "tests", "profiles"]
+# What the tests read besides the package: the shipped profiles (resolve_profile's default) and MNIST.
+COPY = ["gputui", "tests", "profiles", "assets"]  # assets: the bundled MNIST some fixtures cut from
 
 # mutmut skips every decorated function but static and class methods, so in the scratch
 # copy `@property def x(self)` becomes `def _prop_x(self)` followed by `x = property(_prop_x)`:
@@ -122,7 +122,7 @@ def mutmut_table() -> str:
     table = {
         "source_paths": ["gputui"],
         "only_mutate": list(MODULES),
-        "also_copy": ["profiles"],
+        "also_copy": ["profiles", "assets"],
         "pytest_add_cli_args_test_selection": selection,
         # The fast tier only (tests/conftest.py): no test that starts a process or a server.
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-m", "not integration"],
