@@ -71,7 +71,12 @@ class ClusterRun:
             try:
                 bring_up(ctx)
                 ctx.phase = Phase.TRAINING
-                attempts = Attempts(ctx)
+                if self.cfg.is_program:
+                    from gputui.cluster.programrun import ProgramAttempts
+
+                    attempts = ProgramAttempts(ctx)
+                else:
+                    attempts = Attempts(ctx)
                 outcome = attempts.run(resume).value
             except Stopped as stop:
                 outcome = Outcome.INTERRUPTED.value
@@ -83,6 +88,8 @@ class ClusterRun:
 
     def _result(self, outcome: str, trained: bool) -> str:
         if outcome != "interrupted" or self.run.checkpoint.is_file():
+            return outcome
+        if self.cfg.is_program:  # jobs.run says where the program's checkpoints are
             return outcome
         ref = resume_ref(self.run)
         if trained:

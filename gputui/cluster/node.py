@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from gputui.model.supervisor import GRACE_S, Tree, become_subreaper
@@ -31,13 +32,15 @@ from gputui.train.rdzv import LAUNCHER
 NODE_TAG = "@@gputui-node "
 
 
-def _watch_stdin(group: Tree, grace_s: float) -> None:
+def _watch_stdin(group: Tree, grace_s: float, stop: "Callable[[], None] | None" = None) -> None:
     """The master's words on stdin, one a line: `stop` stops the tree (SIGTERM, the grace, SIGKILL);
     `kill` drops the grace: SIGKILL now when a stop is under way (a further Ctrl-C), else SIGTERM
     and SIGKILL a second later (the group has checkpointed and only waits for peers that are
-    gone). EOF (the master is gone or done with us) stops the tree."""
+    gone). EOF (the master is gone or done with us) stops the tree. `stop`: how a stop is done
+    (a program's: the stop file, a moment, then the tree's stop)."""
     from gputui.model.lines import LineSplitter
 
+    stop = stop or (lambda: group.stop(grace_s))
     commands = LineSplitter(64)  # "stop" or "kill": a longer line is no command of the master's
     try:
         while True:
@@ -48,10 +51,10 @@ def _watch_stdin(group: Tree, grace_s: float) -> None:
                 if line.strip() == b"kill":
                     _in_thread(group.kill if group.stopping else lambda: group.stop(1.0))
                 elif line.strip() == b"stop":
-                    _in_thread(lambda: group.stop(grace_s))
+                    _in_thread(stop)
     except OSError:
         pass
-    _in_thread(lambda: group.stop(grace_s))
+    _in_thread(stop)
 
 
 def _in_thread(work: "Callable[[], None]") -> None:
@@ -62,10 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gputui.cluster.node")
     parser.add_argument("--spot-watcher", action="store_true", help="also run gputui's spot-interruption watcher")
     parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--program-dir", default=None,
+                        help="a run of the user's own program: the node's run directory (gputui.cluster.nodeprog)")
     parser.add_argument("torchrun", nargs=argparse.REMAINDER, help="-- then torchrun's arguments")
     args = parser.parse_args(argv)
     torchrun_args = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    program_dir = args.program_dir
+    if program_dir is not None:
+        from gputui.cluster import nodeprog
+
+        nodeprog.prepare_dir(program_dir)
+        env = nodeprog.program_env(env, program_dir)
     become_subreaper()  # workers whose torchrun dies come back to this supervisor
     proc = subprocess.Popen(
         [sys.executable, "-m", LAUNCHER, *torchrun_args],  # torchrun with gputui's rendezvous
@@ -74,14 +85,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     marker = torchrun_args[torchrun_args.index("--gputui-run-dir") + 1] if "--gputui-run-dir" in torchrun_args else None
     group = Tree(proc, marker)  # torchrun and its workers, each in a session of its own
+    stop = _program_stop(group, args.grace, program_dir) if program_dir is not None else (lambda: group.stop(args.grace))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda _s, _f: threading.Thread(target=group.stop, args=(args.grace,), daemon=True).start())
-    threading.Thread(target=_watch_stdin, args=(group, args.grace), name="gputui-node-stdin", daemon=True).start()
+        signal.signal(sig, lambda _s, _f: _in_thread(stop))
+    threading.Thread(target=_watch_stdin, args=(group, args.grace, stop), name="gputui-node-stdin", daemon=True).start()
     watcher = None
     if args.spot_watcher:
         watcher = subprocess.Popen([sys.executable, "-m", "gputui.cloud.watcher", "--pid", str(proc.pid)],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    out = sys.stdout.buffer
+    out: Any = sys.stdout.buffer
+    reports = None
+    if program_dir is not None:  # the program's reports, relayed as metrics lines beside its output
+        from gputui.cluster.nodeprog import LockedOut, ReportsRelay
+
+        out = LockedOut(out)
+        reports = ReportsRelay(program_dir, out)
+        reports.start()
+        threading.Thread(target=_remember, args=(group,), name="gputui-node-tree", daemon=True).start()
     try:
         out.write((NODE_TAG + json.dumps({"pid": os.getpid(), "pgid": proc.pid, "host": os.uname().nodename,
                                           "watcher": watcher.pid if watcher else None}) + "\n").encode())
@@ -91,12 +111,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BrokenPipeError, OSError):  # the channel is gone: stop the trainers
         group.stop(args.grace)
     code = proc.wait()
+    if reports is not None:
+        reports.finish()
     if watcher is not None and watcher.poll() is None:
         watcher.terminate()
         watcher.wait()
     group.kill()  # stragglers of the tree (none when torchrun cleaned up)
     return code if code >= 0 else 128 - code
 
+
+
+def _program_stop(group: Tree, grace_s: float, run_dir: str) -> "Callable[[], None]":
+    """A program's stop: the stop file (should_stop() turns True), a moment for the program to see
+    it, then SIGTERM to the whole tree and SIGKILL after the grace ([run] stop_grace_s)."""
+    from gputui.cluster.nodeprog import STOP_NOTICE_S, ask_to_stop
+
+    def stop() -> None:
+        ask_to_stop(run_dir)
+        deadline = time.monotonic() + STOP_NOTICE_S
+        while time.monotonic() < deadline and group.proc.poll() is None:
+            time.sleep(0.05)
+        group.stop(grace_s)
+
+    return stop
+
+
+def _remember(group: Tree) -> None:
+    """Look at the tree each second: a program's workers are remembered even when torchrun dies
+    first (their command lines do not name the run directory)."""
+    while group.proc.poll() is None:
+        group.refresh()
+        time.sleep(1.0)
 
 
 def relay(source: Any, out: Any) -> None:

@@ -67,6 +67,21 @@ class Rendezvous:
         ]
 
 
+    def program_args(self, node_rank: int, local_addr: str, endpoint: str, command: Sequence[str]) -> list[str]:
+        """The launcher's arguments for node `node_rank` of a run of the user's own program: the
+        same static rendezvous, torchrun's own restarts off (the master relaunches), then
+        `--no-python PROGRAM ARGS` (the program's `python` is the node's gputui venv, first on PATH)."""
+        from gputui.train.rdzv import BACKEND
+
+        conf = f"rank={node_rank},timeout={max(1, int(self.join_timeout))}"
+        return [
+            f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
+            f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={self.rdzv_id}",
+            f"--rdzv-conf={conf}", f"--local-addr={local_addr}", "--max-restarts=0", "--monitor-interval=0.5",
+            "--no-python", *command,
+        ]
+
+
 class NodeProc:
     """A running node; subclasses start it and feed `items`."""
 
@@ -108,15 +123,16 @@ class NodeProc:
 class LocalNode(NodeProc):
     """The master's own node: the supervisor as a child process (it dies with the master)."""
 
-    def __init__(self, name: str, items: "queue.Queue[Item]", args: Sequence[str], env: Mapping[str, str], grace_s: float) -> None:
+    def __init__(self, name: str, items: "queue.Queue[Item]", args: Sequence[str], env: Mapping[str, str], grace_s: float,
+                 flags: Sequence[str] = (), cwd: str | None = None) -> None:
         super().__init__(name, items)
         from gputui.model.supervisor import Tree
         from gputui.train.distributed import _die_with_parent
         from gputui.train.rdzv import clean_env
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gputui.cluster.node", "--grace", repr(grace_s), "--", *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "gputui.cluster.node", "--grace", repr(grace_s), *flags, "--", *args],
+            cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env={**clean_env(os.environ), **env, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
         )
         self.tree = Tree(self.proc)
@@ -155,11 +171,12 @@ class RemoteNode(NodeProc):
     """A slave's node over an SSH exec channel; closing the channel stops it there."""
 
     def __init__(self, name: str, items: "queue.Queue[Item]", conn: SlaveConnection, venv_python: str, cwd: str,
-                 args: Sequence[str], env: Mapping[str, str], grace_s: float, spot_watcher: bool) -> None:
+                 args: Sequence[str], env: Mapping[str, str], grace_s: float, spot_watcher: bool,
+                 extra_flags: Sequence[str] = ()) -> None:
         super().__init__(name, items)
         self.conn = conn
         exports = [f"{k}={v}" for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items()]
-        flags = ["--grace", repr(grace_s)] + (["--spot-watcher"] if spot_watcher else [])
+        flags = ["--grace", repr(grace_s), *extra_flags] + (["--spot-watcher"] if spot_watcher else [])
         command = f"cd {sh(cwd)} && exec " + sh("env", *exports, venv_python, "-m", "gputui.cluster.node", *flags, "--", *args)
         self.channel = conn.open(command)
         threading.Thread(target=self._read, name=f"gputui-node-{name}", daemon=True).start()

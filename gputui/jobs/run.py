@@ -92,9 +92,6 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     cfg = base.merged(overrides).resolve()
     check(cfg, req.overrides)
     cluster = _check_cluster(profile_path)
-    if cfg.is_program and cluster is not None:
-        raise UserError(f"{profile_path}: [cluster] runs train the built-in nets; your own program runs on this "
-                        "machine (drop [cluster], or leave `command` out)")
     if cluster is None and not cfg.is_program:  # a cluster's nodes check their own devices and data
         validate(cfg)
     run = runs.create(req.run_dir)  # only now: a run that fails a check leaves no directory behind
@@ -168,12 +165,12 @@ def check(cfg: RunConfig, flags: RunSettings | None = None) -> None:
 
 def execute(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
     """Train; return 'done' or 'interrupted'. Errors are GputuiError subclasses."""
-    if cfg.is_program:
+    cluster = cluster_profile(run.path)
+    if cfg.is_program and cluster is None:
         from gputui.jobs.program import execute_program
 
         return execute_program(run, cfg, resume, view)
-    cluster = cluster_profile(run.path)
-    if cluster is not None:
+    if cluster is not None:  # the built-in nets or a program, across the cluster's nodes
         from gputui.cluster.launch import execute_cluster
 
         return execute_cluster(run, cfg, resume, view, cluster)

@@ -1,0 +1,331 @@
+"""The user's own program on a cluster (issue 32): torchrun on every node, rank 0's reports
+relayed, checkpoints pulled to the master and pushed back for a resume, one stop path.
+
+The nodes are loopback sshd servers (tests/cluster_fixture.py) with homes of their own; the
+programs' gates are files the test creates once it has seen the event it waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputui.cluster import checkpoints as ckpts
+
+from .cluster_fixture import (  # noqa: F401 - fixtures
+    ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,
+    wait_no_leftovers,
+)
+from .conftest import cli_env, json_lines
+from .proc_support import Child
+from .sshd_fixture import Sshd
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_S = 300  # bound of every wait for a cluster run's event (two cores shared by many tests)
+
+
+class Raw:
+    """A TOML value written as it is (an inline table) by cluster_profile."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+ENV = Raw('{ OMP_NUM_THREADS = "1" }')
+
+# A program that reports each step, checkpoints (state.json, report.log(checkpoint=True)) at
+# --ckpt-at, and waits at each --gate-at step for the file go<step> in --gates (unless it was
+# resumed); `--ignore-term` ignores SIGTERM and the stop file; `--link-at` puts a link to /dev/zero
+# in its checkpoint directory at that step (with state.json rewritten) and reports a checkpoint.
+PROGRAM = r'''
+import argparse, json, os, signal, sys, time
+from pathlib import Path
+from gputui import report
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--ckpt-at", type=int, action="append", default=[])
+p.add_argument("--gate-at", type=int, action="append", default=[])
+p.add_argument("--gates", type=Path)
+p.add_argument("--ignore-term", action="store_true")
+p.add_argument("--link-at", type=int, default=None)
+args = p.parse_args()
+if args.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank = int(os.environ.get("RANK", "0"))
+state = report.checkpoint_dir() / "state.json"
+start = 0
+if report.resuming() and state.is_file():
+    start = json.loads(state.read_text())["step"]
+    print(f"resumed at step {start}", flush=True)
+print(f"rank {rank} world {os.environ.get('WORLD_SIZE')} resume {os.environ.get('GPUTUI_RESUME')} "
+      f"env {os.environ.get('OMP_NUM_THREADS')}", flush=True)
+
+def gate(step):
+    deadline = time.monotonic() + 300
+    while not (args.gates / f"go{step}").exists():
+        if report.should_stop() and not args.ignore_term:
+            print(f"stopping at step {step}", flush=True)
+            sys.exit(0)
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.05)
+
+for step in range(start + 1, args.steps + 1):
+    report.log(step=step, loss=1.0 / step)
+    if rank == 0 and step in args.ckpt_at:
+        part = state.with_suffix(".part")
+        part.write_text(json.dumps({"step": step, "pad": "x" * step}))
+        os.replace(part, state)
+        report.log(step=step, checkpoint=True)
+    if rank == 0 and step == args.link_at:
+        state.write_text(json.dumps({"step": step}))
+        os.symlink("/dev/zero", report.checkpoint_dir() / "zero")
+        report.log(step=step, checkpoint=True)
+    if args.gates is not None and step in args.gate_at and not report.resuming():
+        gate(step)
+print("finished", flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def two_nodes(cluster_nodes: ClusterNodes) -> list[Sshd]:
+    return [cluster_nodes.node(0), cluster_nodes.node(1)]
+
+
+def node_logs(run_dir: Path) -> str:
+    folder = run_dir / "nodes"
+    return "".join(f"\n--- {p.relative_to(folder)}\n{p.read_text()[-3000:]}"
+                   for p in sorted(folder.glob("*/output.log"))) if folder.is_dir() else ""
+
+
+def finish(child: Child, timeout: float, what: str, run_dir: Path) -> int:
+    try:
+        return child.finish(timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}{node_logs(run_dir)}") from None
+
+
+def program_dir(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "prog.py").write_text(PROGRAM)
+    return code
+
+
+def gputui_run(profile: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "gputui", "run", "--json", "--profile", str(profile), "--run-dir", str(run_dir), *extra]
+
+
+def story(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(e["event"], e.get("step"), e.get("node"), e.get("message")) for e in events if e["event"] != "metrics"]
+
+
+def reports(path: Path) -> list[tuple[int, dict[str, float]]]:
+    """(step, values) of each line of a reports file (GPUTUI_EVENTS)."""
+    return [(r["step"], r["values"]) for r in json_lines(path.read_text())]
+
+
+def latest(events: list[dict[str, Any]]) -> dict[str, float]:
+    """The last value of each metric the run's metrics events carried."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e["event"] == "metrics":
+            out.update(e["values"])
+    return out
+
+
+def test_two_nodes_run_mnist_ddp_and_train_as_one_process_with_the_same_global_batch(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, small_data: Path, tmp_path: Path,
+    gputui_home: Path,
+) -> None:
+    trust(gputui_home, *two_nodes)
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in ("mnist_ddp.py", "mnist_plain.py"):
+        shutil.copy(REPO / "examples" / name, code / name)
+    args = ["--data", str(small_data), "--epochs", "1", "--log-every", "2", "--seed", "1", "--lr", "0.01"]
+    # One process, global batch 64 ...
+    single = Child([sys.executable, "-m", "gputui", "run", "--json", "--run-dir", str(tmp_path / "single"), "--",
+                    "python", "mnist_ddp.py", *args, "--batch-size", "64"],
+                   env=cli_env(OMP_NUM_THREADS="1"), name="gputui run (one process)", cwd=str(code))
+    with single:
+        assert single.finish(RUN_S, "the one-process run") == 0, single.stderr
+    # ... and two nodes of one process each, 32 a rank.
+    command = ["python", "mnist_ddp.py", *args, "--batch-size", "32"]
+    profile = cluster_profile(tmp_path / "cluster.toml", two_nodes, cluster_nodes.user_key,
+                              {"command": command, "workdir": str(code), "env": ENV}, master_trains=False)
+    run_dir = tmp_path / "multi"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (two nodes)") as child:
+        code_ = finish(child, RUN_S, "the two-node run", run_dir)
+    assert code_ == 0, child.stderr + node_logs(run_dir)
+    seen = child.events
+    kinds = [e["event"] for e in seen]
+    assert kinds[-1] == "done", story(seen)
+    start = next(e for e in seen if e["event"] == "start")
+    assert start["program"].startswith("python mnist_ddp.py") and start["world_size"] == 2 and start["nodes"] == 2
+    cluster = next(e for e in seen if e["event"] == "cluster")
+    assert cluster["nodes"] == ["n0", "n1"] and cluster["world_size"] == 2
+    # Every report line (the reports files: the events merge reports that come within 20 ms).
+    (rank0_dir, _) = remote_run_dirs("multi", *two_nodes)
+    multi, one = reports(Path(rank0_dir) / "reported.jsonl"), reports(tmp_path / "single" / "reported.jsonl")
+    assert [s for s, _ in multi] == [s for s, _ in one] == [2, 4, 6, 8, 8], (multi, one)
+    for (step, a), (_, b) in zip(multi, one):
+        assert a.keys() == b.keys(), step
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (step, key, a, b)
+    last = latest(seen)
+    assert last.keys() == latest(single.events).keys() == {"loss", "lr", "val_loss", "val_acc"}
+    assert (last["val_acc"], last["val_loss"]) == (multi[-1][1]["val_acc"], multi[-1][1]["val_loss"])  # relayed as reported
+    assert one[-1][1]["val_acc"] > 0.2  # it really trained (10 classes)
+    # Every node's output is kept, each in its own file; the events file is the stream printed.
+    for name in ("n0", "n1"):
+        assert (run_dir / "nodes" / name / "output.log").is_file()
+    assert "epoch 0: step 8" in (run_dir / "nodes" / "n0" / "output.log").read_text()
+    assert [e["event"] for e in json_lines((run_dir / "events.jsonl").read_text())] == kinds
+    # The nodes ran the program from their copy of the workdir, under the cluster's remote_dir.
+    for remote in remote_run_dirs("multi", *two_nodes):
+        assert (Path(remote) / "code" / "mnist_ddp.py").is_file()
+    assert wait_no_leftovers(str(run_dir), *remote_run_dirs("multi", *two_nodes)) == []
+
+
+def test_a_node_lost_after_a_checkpoint_pull_resumes_from_it_on_the_other_node(
+    cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    nodes = [cluster_nodes.node(0), cluster_nodes.node(1)]  # n0 is lost for good: nodes of this test's own
+    trust(gputui_home, *nodes)
+    code, gates = program_dir(tmp_path), tmp_path / "gates"
+    gates.mkdir()
+    command = ["python", "prog.py", "--steps", "10", "--ckpt-at", "5", "--gate-at", "5", "--gate-at", "8",
+               "--gates", str(gates)]
+    profile = cluster_profile(tmp_path / "cluster.toml", nodes, cluster_nodes.user_key,
+                              {"command": command, "workdir": str(code), "env": ENV, "checkpoint_pull_s": 3600},
+                              master_trains=False, nodes=2, min_nodes=1)
+    run_dir = tmp_path / "lost"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (lose a node)") as child:
+        pulled = child.wait_for(lambda e: e["event"] == "checkpoint_pulled", RUN_S, "the checkpoint of step 5 pulled")
+        assert pulled["step"] == 5 and pulled["node"] == "n0" and pulled["files"] == 1
+        (gates / "go5").touch()
+        child.wait_for(lambda e: e["event"] == "metrics" and e.get("step") == 8, RUN_S, "step 8")
+        nodes[0].stop()  # rank 0's node, and everything it runs, gone for good
+        code_ = finish(child, RUN_S, "the run to resume on n1 and finish", run_dir)
+    seen = child.events
+    assert code_ == 0, child.stderr + node_logs(run_dir)
+    lost = next((e for e in seen if e["event"] == "node_lost"), None)
+    assert lost is not None and lost["node"] == "n0", story(seen)
+    resumed = next(e for e in seen if e["event"] == "resumed")
+    assert (resumed["from_step"], resumed["lost_steps"], resumed["nodes"]) == (5, 3, 1), resumed
+    assert resumed["checkpoint"] == str(run_dir / "checkpoints")
+    relaunch = [e for e in seen if e["event"] == "cluster"][-1]
+    assert relaunch["nodes"] == ["n1"] and relaunch["world_size"] == 1
+    at = seen.index(resumed)
+    before = [e["step"] for e in seen[:at] if e["event"] == "metrics" and "loss" in e["values"]]
+    after = [e["step"] for e in seen[at:] if e["event"] == "metrics" and "loss" in e["values"]]
+    assert before[-1] == 8 and after[0] == 6 and after[-1] == 10, (before, after)  # 6..8 redone
+    assert seen[-1]["event"] == "done" and seen[-1]["step"] == 10
+    assert "resumed at step 5" in (run_dir / "nodes" / "n1" / "output.log").read_text()
+    assert wait_no_leftovers(str(run_dir), *remote_run_dirs("lost", *nodes)) == []
+
+
+def test_a_program_that_ignores_sigterm_is_killed_after_the_grace_and_the_run_names_its_checkpoint(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    node = two_nodes[0]
+    trust(gputui_home, node)
+    code, gates = program_dir(tmp_path), tmp_path / "gates"
+    gates.mkdir()
+    command = ["python", "prog.py", "--steps", "10", "--ckpt-at", "3", "--gate-at", "4", "--gates", str(gates),
+               "--ignore-term"]
+    profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
+                              {"command": command, "workdir": str(code), "env": ENV, "stop_grace_s": 2.0,
+                               "checkpoint_pull_s": 3600}, master_trains=False)
+    run_dir = tmp_path / "deaf"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (ignores SIGTERM)") as child:
+        child.wait_for(lambda e: e["event"] == "checkpoint_pulled" and e["step"] == 3, RUN_S, "the checkpoint pulled")
+        child.wait_for(lambda e: e["event"] == "metrics" and e.get("step") == 4, RUN_S, "step 4 (waiting at its gate)")
+        child.proc.send_signal(signal.SIGINT)
+        code_ = finish(child, RUN_S, "the stopped run", run_dir)
+    seen = child.events
+    assert code_ == 0, child.stderr + node_logs(run_dir)
+    end = seen[-1]
+    assert end["event"] == "interrupted", story(seen)
+    assert end["exit_code"] == 128 + signal.SIGKILL, end  # SIGTERM ignored: killed after the grace
+    assert end["checkpoint"] == str(run_dir / "checkpoints") and end["lost_steps"] == 1 and end["step"] == 4
+    assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 3
+    assert f"the program's checkpoints are in {run_dir / 'checkpoints'}" in child.stderr
+    assert wait_no_leftovers(str(run_dir), *remote_run_dirs("deaf", node)) == []
+
+
+def test_a_checkpoint_holding_a_link_to_dev_zero_is_refused_and_the_previous_one_kept(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    node = two_nodes[1]
+    trust(gputui_home, node)
+    code, gates = program_dir(tmp_path), tmp_path / "gates"
+    gates.mkdir()
+    command = ["python", "prog.py", "--steps", "6", "--ckpt-at", "2", "--link-at", "4", "--gate-at", "2",
+               "--gates", str(gates)]
+    profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
+                              {"command": command, "workdir": str(code), "env": ENV, "checkpoint_pull_s": 3600},
+                              master_trains=False)
+    run_dir = tmp_path / "zero"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (a link to /dev/zero)") as child:
+        child.wait_for(lambda e: e["event"] == "checkpoint_pulled" and e["step"] == 2, RUN_S, "the good checkpoint")
+        (gates / "go2").touch()
+        code_ = finish(child, RUN_S, "the run", run_dir)
+    seen = child.events
+    assert code_ == 0, child.stderr + node_logs(run_dir)
+    refused = [e for e in seen if e["event"] == "warning" and e.get("reason") == "checkpoint_refused"]
+    assert refused and "zero is not a regular file" in refused[0]["message"], story(seen)
+    assert "the checkpoint of step 2 is kept" in refused[0]["message"]
+    assert [e["step"] for e in seen if e["event"] == "checkpoint_pulled"] == [2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["state.json"]
+    assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 2
+    assert seen[-1]["event"] == "done"
+
+
+# -- the pull's checks, without a cluster ---------------------------------------------------
+def test_a_pull_takes_only_regular_files_under_the_caps_and_fetches_only_what_changed(tmp_path: Path) -> None:
+    src, dest = tmp_path / "node", tmp_path / "master" / "checkpoints"
+    (src / "sub").mkdir(parents=True)
+    dest.parent.mkdir()
+    (src / "a.pt").write_bytes(b"a" * 10)
+    (src / "sub" / "b.pt").write_bytes(b"b" * 20)
+    got = ckpts.pull(ckpts.LocalSource(src), dest, ckpts.Pulled())
+    assert got is not None and got[1:] == (2, 30)
+    assert ckpts.pull(ckpts.LocalSource(src), dest, got[0]) is None  # nothing changed: nothing done
+    (src / "a.pt").write_bytes(b"A" * 11)
+    again = ckpts.pull(ckpts.LocalSource(src), dest, got[0])
+    assert again is not None and again[1:] == (1, 11)  # b.pt is the copy already here
+    assert (dest / "a.pt").read_bytes() == b"A" * 11 and (dest / "sub" / "b.pt").read_bytes() == b"b" * 20
+    os.symlink("/dev/zero", src / "zero")
+    with pytest.raises(ckpts.Refused, match="not a regular file"):
+        ckpts.pull(ckpts.LocalSource(src), dest, again[0])
+    assert sorted(p.name for p in dest.iterdir()) == ["a.pt", "sub"]  # the previous one, untouched
+    (src / "zero").unlink()
+    with open(src / "big", "wb") as fh:
+        fh.truncate(ckpts.MAX_CHECKPOINT + 1)
+    with pytest.raises(ckpts.Refused, match="over the cap"):
+        ckpts.pull(ckpts.LocalSource(src), dest, again[0])
+    assert not list(tmp_path.glob("master/checkpoints.part*"))
+
+
+def test_a_listing_from_a_node_is_data() -> None:
+    listing = ckpts.parse_find("f 3 1700000000.5 a.pt\0d 4096 1700000000.0 sub\0l 9 1700000000.0 sub/zero\0")
+    assert listing["a.pt"] == ("f", 3, 1700000000.5)
+    with pytest.raises(ckpts.Refused, match="not a regular file"):
+        ckpts.check_listing(listing)
+    with pytest.raises(ckpts.Refused, match="outside"):
+        ckpts.check_listing({"../x": ("f", 1, 0.0)})
+    with pytest.raises(ckpts.Refused, match="unreadable"):
+        ckpts.parse_find("f three 0 a\0")
