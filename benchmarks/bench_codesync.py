@@ -65,7 +65,7 @@ def main() -> int:
               f"(loopback); {os.cpu_count()} CPUs; load before {load()}")
         results: dict[str, list[tuple[float, SyncStats, str]]] = {}
 
-        def timed(name: str, remote_dir: Path, run: str, before: Callable[[], None] = lambda: None) -> None:
+        def timed(name: str, remote_dir: Path, run: str, before: Callable[[], object] = lambda: None) -> None:
             before()
             files = workdir_files(work)
             t0 = time.perf_counter()
