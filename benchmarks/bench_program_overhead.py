@@ -46,14 +46,17 @@ def calibrate(prog: Path) -> int:
     """Iterations per second of the work, run directly for about a second."""
     n = 2_000_000
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, str(prog), str(n), str(n)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(prog), str(n), str(n)], check=True, capture_output=True, start_new_session=True)
     return int(n / max(time.perf_counter() - t0, 1e-3))
 
 
 def one(argv: list[str], cwd: Path) -> tuple[float, float]:
     launched = time.time()
     t0 = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=3600)
+    # A session of its own for both: gputui runs the program in one (its keeper calls setsid), and
+    # Linux's autogroup scheduler shares the CPU between sessions, so a program run directly from
+    # this script's session would get less of a busy machine than the same program under gputui.
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=3600, start_new_session=True)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} failed ({done.returncode}): {done.stderr[-500:]}")
