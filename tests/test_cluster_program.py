@@ -28,7 +28,7 @@ from .proc_support import Child
 from .sshd_fixture import Sshd
 
 REPO = Path(__file__).resolve().parent.parent
-RUN_S = 300  # bound of every wait for a cluster run's event (two cores shared by many tests)
+RUN_S = 150  # bound of every wait for a cluster run's event (two cores shared by many tests)
 
 
 class Raw:
@@ -257,8 +257,8 @@ def test_a_program_that_ignores_sigterm_is_killed_after_the_grace_and_the_run_na
         code_ = finish(child, RUN_S, "the stopped run", run_dir)
     seen = child.events
     assert code_ == 0, child.stderr + node_logs(run_dir)
-    end = seen[-1]
-    assert end["event"] == "interrupted", story(seen)
+    end = next((e for e in seen if e["event"] == "interrupted"), None)
+    assert end is not None, story(seen)
     assert end["exit_code"] == 128 + signal.SIGKILL, end  # SIGTERM ignored: killed after the grace
     assert end["checkpoint"] == str(run_dir / "checkpoints") and end["lost_steps"] == 1 and end["step"] == 4
     assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 3

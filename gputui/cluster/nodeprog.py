@@ -131,7 +131,12 @@ class ReportsRelay(threading.Thread):
         got = False
         for chunk in self.file.chunks():
             got = True
-            self._send([pair for record in self.reports.feed(chunk) for pair in self.pacer.add(record, time.monotonic())])
+            for record in self.reports.feed(chunk):
+                if record.checkpoint:  # its own line, at its own step: the master pulls what that step wrote
+                    self._send(self.pacer.due(time.monotonic(), flush=True))
+                    self._send([(record, 1)])
+                else:
+                    self._send(self.pacer.add(record, time.monotonic()))
         warning = self.reports.tally.warning() or self.file.refused
         self.file.refused = None
         if warning is not None:

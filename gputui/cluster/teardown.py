@@ -23,6 +23,7 @@ DRAIN_S = 15.0  # after a kill, how long the exits of the killed nodes may take 
 def describe(ctx: RunContext) -> tuple[str, int, int]:
     """What stopping the run waits for now: (message, node processes running, slaves to release)."""
     procs = len(ctx.group.running())
+    grace = (ctx.cfg.stop_grace_s + 1.0 if ctx.cfg.is_program else STOP_GRACE_S) + KILL_MARGIN_S
     slaves = 0 if ctx.settings.keep_slaves else len(ctx.slaves.pending())
     parts = []
     if ctx.phase is Phase.BRING_UP:
@@ -30,7 +31,7 @@ def describe(ctx: RunContext) -> tuple[str, int, int]:
     if procs:
         parts.append(f"{plural(procs, 'node')} being stopped now" if ctx.stops.urgent else
                      f"waiting for {plural(procs, 'node')} to save a checkpoint and exit "
-                     f"(at most {STOP_GRACE_S + KILL_MARGIN_S:.0f} s)")
+                     f"(at most {grace:.0f} s)")
     if slaves:
         parts.append(f"{plural(slaves, 'slave')} being released")
     if not parts:
@@ -67,7 +68,8 @@ def _stop_nodes(ctx: RunContext, relay: Relay | None) -> None:
         return
     group.stop(now=ctx.stops.urgent)
     urgent = ctx.stops.urgent
-    while running and not group.overdue():
+    grace = (ctx.cfg.stop_grace_s + 1.0 if ctx.cfg.is_program else STOP_GRACE_S) + KILL_MARGIN_S
+    while running and not group.overdue(grace):
         if ctx.stops.urgent and not urgent:
             urgent = True
             group.stop(now=True)
