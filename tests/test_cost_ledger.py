@@ -220,3 +220,19 @@ def test_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "alpha" in out and "local" in out and "est." in out and "r-alpha" not in out
     assert main(["cost", "--since", "0"]) == 2
     assert "expected a number of days > 0" in capsys.readouterr().err
+
+
+def test_a_write_that_sqlite_already_rolled_back_says_its_own_error(tmp_path: Path) -> None:
+    """An error after which SQLite ended the transaction itself: the caller sees that error, not
+    "cannot rollback - no transaction is active" (seen once in a stopped run's warning)."""
+    import sqlite3
+
+    from gputui.cloud.ledger import Ledger
+
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        with pytest.raises(sqlite3.OperationalError, match="the original error"):
+            with ledger._write() as db:
+                db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL or an I/O error
+                raise sqlite3.OperationalError("the original error")
+        ledger.start_run("r1", "local", 1.0)  # and the ledger works on
+        assert "r1" in ledger.segments()

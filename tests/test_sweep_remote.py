@@ -142,9 +142,15 @@ def test_a_host_that_drops_mid_trial_gives_the_trial_back_and_the_study_counts_e
     lost = [f for k, f in view.lines if k == "slot" and f.get("state") == "lost"]
     assert lost and lost[0]["slot"] == "n1-cpu" and "lost" in str(lost[0]["message"]), lost
     requeued = [f for k, f in view.lines if k == "requeued"]
-    assert [f["trial"] for f in requeued] == [view.dropped_trial]
+    # The trial the host was running when its loss was noticed goes back: the one whose evaluation
+    # dropped it, or (on a busy machine, where the worker finished that trial before its connection
+    # was seen gone) the next one it had started there. Either way exactly one, started on n1.
+    assert len(requeued) == 1, requeued
+    back = requeued[0]["trial"]
+    on_host = [f["trial"] for k, f in view.lines if k == "trial" and f.get("slot") == "n1-cpu"]
+    assert back in on_host and back >= view.dropped_trial, (back, on_host)
     assert progress.done == 6 and len(counted(study.get_trials())) == 6 and len(study.get_trials()) == 6
-    again = study.get_trials()[view.dropped_trial]
+    again = study.get_trials()[back]
     assert again.state.name == "COMPLETE" and again.user_attrs["attempts"] == 2 and again.user_attrs["slot"] == "sim"
     assert not wait_no_leftovers(str(server.home))  # the host's worker died with its connection
 

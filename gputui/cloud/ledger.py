@@ -136,7 +136,8 @@ class Ledger:
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite may have rolled it back itself (an I/O error, a full disk):
+                    self._db.execute("ROLLBACK")  # a second ROLLBACK would hide the first error under its own
                 raise
             self._db.execute("COMMIT")
 

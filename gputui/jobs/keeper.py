@@ -27,17 +27,14 @@ from typing import Any
 
 import psutil
 
-from gputui.model.supervisor import STOP_SIGNALS, become_subreaper
+from gputui.model.supervisor import STOP_SIGNALS, become_subreaper, children_of
 
 LEFTOVER_GRACE_S = 5.0  # a finished program's leftover processes get this long after SIGTERM
 POLL_S = 0.05
 
 
 def descendants() -> list[psutil.Process]:
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
+    return children_of(psutil.Process(), recursive=True)
 
 
 def signal_all(sig: int) -> None:

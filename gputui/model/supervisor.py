@@ -76,17 +76,14 @@ class Tree:
         except psutil.NoSuchProcess:
             pass
         if self.marker:
-            for child in psutil.Process().children():
+            for child in children_of(psutil.Process()):
                 try:
                     if child.pid != self.proc.pid and self.marker in " ".join(child.cmdline()):
                         roots.append(child)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
         for root in roots:
-            try:
-                found += [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                continue
+            found += [root, *children_of(root, recursive=True)]
         with self._lock:
             for p in found:
                 self._known.setdefault(p.pid, p)
@@ -135,6 +132,22 @@ class Tree:
                 p.wait(0.5)  # an orphan re-parented to us is our child now: reap it
             except (psutil.NoSuchProcess, psutil.TimeoutExpired, ChildProcessError):
                 pass
+
+
+def children_of(p: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+    """`p`'s children, or [] when `p` is gone. psutil reads every /proc/PID/stat for this, and one
+    read while that process is being torn down can come back as NUL bytes (a ValueError in psutil's
+    parser, seen once on a busy machine while a stopped DDP run's workers exited): read again."""
+    for attempt in range(3):
+        try:
+            return p.children(recursive=recursive)
+        except psutil.NoSuchProcess:
+            return []
+        except (ValueError, OSError):
+            if attempt == 2:
+                return []
+            time.sleep(0.01)
+    return []
 
 
 def _alive(p: psutil.Process) -> bool:
