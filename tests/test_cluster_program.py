@@ -12,20 +12,34 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gputui.cloud.context import CloudContext
+from gputui.cloud.ledger import Ledger
+from gputui.cloud.sim import SimProvider, SimScript
 from gputui.cluster import checkpoints as ckpts
+from gputui.cluster.launch import ClusterRun
+from gputui.cluster.manager import SlaveManager
+from gputui.cluster.settings import cluster_settings
+from gputui.config.hosts import HostSpec
+from gputui.config.profile import parse_profile
+from gputui.config.run import RunSettings
+from gputui.model.cloud import InstanceInfo
+from gputui.runs import store as runs
 
 from .cluster_fixture import (  # noqa: F401 - fixtures
     ClusterNodes, cluster_nodes, cluster_profile, cluster_wheel, pinned_wheel, remote_run_dirs, trust,
     wait_no_leftovers,
 )
 from .conftest import cli_env, json_lines
+from .moto_fixture import public_key_line
 from .proc_support import Child
 from .sshd_fixture import Sshd
+from .test_cluster_cloud import FakeImds, imds  # noqa: F401 - the fake metadata service and its fixture
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_S = 150  # bound of every wait for a cluster run's event (two cores shared by many tests)
@@ -45,7 +59,7 @@ ENV = Raw('{ OMP_NUM_THREADS = "1" }')
 
 # A program that reports each step, checkpoints (state.json, report.log(checkpoint=True)) at
 # --ckpt-at, and waits at each --gate-at step for the file go<step> in --gates (unless it was
-# resumed); `--ignore-term` ignores SIGTERM and the stop file; `--link-at` puts a link to /dev/zero
+# resumed; asked to stop there, rank 0 checkpoints first); `--ignore-term` ignores SIGTERM and the stop file; `--link-at` puts a link to /dev/zero
 # in its checkpoint directory at that step (with state.json rewritten) and reports a checkpoint.
 PROGRAM = r'''
 import argparse, json, os, signal, sys, time
@@ -75,6 +89,9 @@ def gate(step):
     deadline = time.monotonic() + 300
     while not (args.gates / f"go{step}").exists():
         if report.should_stop() and not args.ignore_term:
+            if rank == 0:
+                state.write_text(json.dumps({"step": step}))
+                report.log(step=step, checkpoint=True)
             print(f"stopping at step {step}", flush=True)
             sys.exit(0)
         if time.monotonic() > deadline:
@@ -264,6 +281,16 @@ def test_a_program_that_ignores_sigterm_is_killed_after_the_grace_and_the_run_na
     assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 3
     assert f"the program's checkpoints are in {run_dir / 'checkpoints'}" in child.stderr
     assert wait_no_leftovers(str(run_dir), *remote_run_dirs("deaf", node)) == []
+    # --resume pushes the pulled checkpoint back to the node: the program goes on from step 3.
+    with Child([sys.executable, "-m", "gputui", "run", "--json", "--resume", str(run_dir)], env=cli_env(),
+               name="gputui run --resume") as again:
+        assert finish(again, RUN_S, "the resumed run", run_dir) == 0, again.stderr + node_logs(run_dir)
+    resumed = next((e for e in again.events if e["event"] == "resumed"), None)
+    assert resumed is not None, story(again.events)
+    assert (resumed["from_step"], resumed["lost_steps"], resumed["checkpoint"]) == (3, 1, str(run_dir / "checkpoints"))
+    assert next(e for e in again.events if e["event"] == "start")["resumed"] is True
+    assert again.events[-1]["event"] == "done" and again.events[-1]["step"] == 10
+    assert "resumed at step 3" in (run_dir / "nodes" / "n0" / "output.log").read_text()
 
 
 def test_a_checkpoint_holding_a_link_to_dev_zero_is_refused_and_the_previous_one_kept(
@@ -329,3 +356,96 @@ def test_a_listing_from_a_node_is_data() -> None:
         ckpts.check_listing({"../x": ("f", 1, 0.0)})
     with pytest.raises(ckpts.Refused, match="unreadable"):
         ckpts.parse_find("f three 0 a\0")
+
+
+# -- a spot notice (the simulated cloud, as tests/test_cluster_cloud.py drives it) ----------
+class Seen:
+    """The run's view: keeps the events; `on` is called with each one."""
+
+    def __init__(self, on: Any) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.on = on
+
+    def show(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        self.on(event)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_spot_notice_stops_the_program_pulls_its_checkpoint_replaces_the_slave_and_resumes(
+    cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path, imds: FakeImds,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machines = [cluster_nodes.node(0), cluster_nodes.node(1)]  # the first and the second instance
+    monkeypatch.setenv("GPUTUI_IMDS_URL", imds.url)
+    key = tmp_path / "id.pub"
+    key.write_text(public_key_line() + "\n")
+    text = f"""
+[cloud]
+budget_usd = 5.0
+zones = ["us-east-1a"]
+ssh_cidr = "198.51.100.7/32"
+public_key = "{key}"
+[cluster]
+name = "spot"
+cloud_slaves = 1
+master_addr = "127.0.0.1"
+rdzv_port = 0
+socket_ifname = "lo"
+join_timeout = 60
+"""
+    settings = cluster_settings(parse_profile(text, tmp_path / "p.toml"))
+    assert settings is not None
+    provider = SimProvider(script=SimScript(seed=1, launch_delay_s=0.5, shutdown_delay_s=0.2,
+                                            host_keys=(machines[0].host_public_key(),)))
+    ctx = CloudContext(settings.cloud, provider, Ledger(gputui_home / "ledger.sqlite3"), "spot", "me")  # type: ignore[arg-type]
+    assigned: dict[str, HostSpec] = {}
+
+    def host_spec(info: InstanceInfo) -> HostSpec:
+        if info.instance_id not in assigned:
+            machine = machines[len(assigned)]
+            assigned[info.instance_id] = HostSpec(info.instance_id, machine.address, machine.port, "root",
+                                                  cluster_nodes.user_key)
+        return assigned[info.instance_id]
+
+    def interrupt_now() -> None:  # on the watcher's poll that takes the notice: the instance goes away
+        with provider._state("test") as state:
+            state["instances"][next(iter(assigned))]["interrupt_at"] = time.time()
+
+    def on(event: dict[str, Any]) -> None:
+        # The program waits at step 3 (its gate, which never opens) until it is asked to stop.
+        if event["event"] == "metrics" and event.get("step") == 3 and not imds.armed.is_set():
+            imds.on_notice = interrupt_now
+            imds.armed.set()
+
+    code, gates = program_dir(tmp_path), tmp_path / "gates"
+    gates.mkdir()
+    command = ("python", "prog.py", "--steps", "6", "--gate-at", "3", "--gates", str(gates))
+    cfg = RunSettings(command=command, workdir=str(code), env=(("OMP_NUM_THREADS", "1"),), device="cpu",
+                      checkpoint_pull_s=3600.0, stop_grace_s=10.0).resolve()
+    run = runs.create(tmp_path / "run")
+    view = Seen(on)
+    outcome = ClusterRun(run, cfg, settings, view, manager=SlaveManager(settings, ctx, host_spec=host_spec)).execute(False)
+    seen = view.events
+    kinds = [e["event"] for e in seen]
+    assert outcome == "done", story(seen)
+    assert imds.served.is_set()
+    first, second = list(assigned)
+    stopping = next(e for e in seen if e["event"] == "stopping")
+    assert stopping["reason"] == "node_signalled" and first in stopping["message"]
+    pulled = next(e for e in seen if e["event"] == "checkpoint_pulled")
+    assert pulled["step"] == 3 and pulled["node"] == "master"  # rank 0 saved when should_stop() turned True
+    replaced = next(e for e in seen if e["event"] == "node_replaced")
+    assert (replaced["node"], replaced["by"]) == (first, second)
+    resumed = next(e for e in seen if e["event"] == "resumed")
+    assert (resumed["from_step"], resumed["lost_steps"], resumed["nodes"]) == (3, 0, 2), resumed
+    assert kinds.index("stopping") < kinds.index("checkpoint_pulled") < kinds.index("node_replaced") \
+        < kinds.index("resumed") < kinds.index("done")
+    assert [e["attempt"] for e in seen if e["event"] == "cluster"] == [0, 1]
+    assert next(e for e in seen if e["event"] == "done")["step"] == 6
+    assert "stopping at step 3" in (run.path / "nodes" / "master" / "output.log").read_text()
+    assert "resumed at step 3" in (run.path / "nodes" / second / "output.log").read_text()
+    assert seen[-1]["event"] == "slaves_terminated" and seen[-1]["instances"] == [second]
+    assert wait_no_leftovers(str(run.path), *remote_run_dirs(run.run_id, *machines)) == []

@@ -85,20 +85,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     marker = torchrun_args[torchrun_args.index("--gputui-run-dir") + 1] if "--gputui-run-dir" in torchrun_args else None
     group = Tree(proc, marker)  # torchrun and its workers, each in a session of its own
-    stop = _program_stop(group, args.grace, program_dir) if program_dir is not None else (lambda: group.stop(args.grace))
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda _s, _f: _in_thread(stop))
-    threading.Thread(target=_watch_stdin, args=(group, args.grace, stop), name="gputui-node-stdin", daemon=True).start()
-    watcher = None
-    if args.spot_watcher:
-        watcher = subprocess.Popen([sys.executable, "-m", "gputui.cloud.watcher", "--pid", str(proc.pid)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     out: Any = sys.stdout.buffer
-    reports = None
-    if program_dir is not None:  # the program's reports, relayed as metrics lines beside its output
+    if program_dir is None:
+        stop = lambda: group.stop(args.grace)  # noqa: E731
+        signalled = stop
+    else:
         from gputui.cluster.nodeprog import LockedOut, ReportsRelay
 
         out = LockedOut(out)
+        stop = _program_stop(group, args.grace, program_dir)
+        signalled = _announced(out, stop)  # a spot notice or the budget guard: the master stops the others
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda _s, _f: _in_thread(signalled))
+    threading.Thread(target=_watch_stdin, args=(group, args.grace, stop), name="gputui-node-stdin", daemon=True).start()
+    watcher = None
+    if args.spot_watcher:  # a program's notice goes through this supervisor (the stop file first)
+        watched = os.getpid() if program_dir is not None else proc.pid
+        watcher = subprocess.Popen([sys.executable, "-m", "gputui.cloud.watcher", "--pid", str(watched)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    reports = None
+    if program_dir is not None:  # the program's reports, relayed as metrics lines beside its output
         reports = ReportsRelay(program_dir, out)
         reports.start()
         threading.Thread(target=_remember, args=(group,), name="gputui-node-tree", daemon=True).start()
@@ -134,6 +140,19 @@ def _program_stop(group: Tree, grace_s: float, run_dir: str) -> "Callable[[], No
         group.stop(grace_s)
 
     return stop
+
+
+def _announced(out: Any, stop: "Callable[[], None]") -> "Callable[[], None]":
+    """`stop`, after a line telling the master that this node was asked to stop from here (a signal:
+    the spot watcher, the budget guard), so that it stops the other nodes too."""
+    def announced() -> None:
+        try:
+            out.write((NODE_TAG + json.dumps({"stopping": "signal"}) + "\n").encode())
+        except (OSError, ValueError):
+            pass
+        stop()
+
+    return announced
 
 
 def _remember(group: Tree) -> None:

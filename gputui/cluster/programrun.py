@@ -83,6 +83,7 @@ class ProgramRelay:
         self.tallies: dict[str, outside.Tally] = {}
         self.started = True
         self.last_kind: str | None = None
+        self.stopping: list[str] = []  # nodes whose supervisor was signalled there (a spot notice, the budget guard)
 
     def line(self, node: Node, text: str) -> None:
         if text.startswith(EVENT_TAG):
@@ -95,6 +96,9 @@ class ProgramRelay:
                 self._event(node, events.typed(clean_tree(raw)))
             return
         if text.startswith(NODE_TAG):
+            said = _json_object(text[len(NODE_TAG):])
+            if said.get("stopping") is not None and node.name not in self.stopping:
+                self.stopping.append(node.name)
             return
         if node.proc is not None:
             node.proc.tail.append(text)
@@ -137,6 +141,7 @@ class ProgramRelay:
 
     def new_attempt(self) -> None:
         self.checkpoint_due = False
+        self.stopping.clear()
 
 
 class ProgramAttempts(Attempts):
@@ -186,11 +191,12 @@ class ProgramAttempts(Attempts):
             if outcome is not Outcome.RELAUNCH:
                 return self._end(outcome)
             self._pull_after_attempt()
+            why = "a node was lost" if self.lost else "a node was told to stop (a spot notice or the budget guard)"
+            self.lost.update(self.prelay.stopping)  # a node told to stop goes (its slave is being taken back)
             attempt += 1
             if attempt > ctx.settings.max_restarts:
                 raise GputuiError(f"cluster run stopped {attempt} times; giving up (max_restarts "
                                   f"{ctx.settings.max_restarts}); resume later with: gputui run --resume {resume_ref(ctx.run)}")
-            why = "a node was lost" if self.lost else "the group stopped on a slave (a spot notice or the budget)"
             try:
                 self.recovery.refill(self.lost)
             except Stopped:
@@ -290,6 +296,13 @@ class ProgramAttempts(Attempts):
             if ctx.stops.requested and not stop_sent:
                 stop_sent = True
                 group.stop()
+            if self.prelay.stopping and not stop_sent and not ctx.stops.requested:
+                stop_sent = True
+                names = ", ".join(self.prelay.stopping)
+                ctx.emit("stopping", reason="node_signalled", processes=len(group.running()), slaves=0,
+                         message=f"stopping: {names} was told to stop (a spot notice or the budget guard): every "
+                         "node's program is asked to save and exit, then the run goes on from the pulled checkpoint")
+                group.stop()
             if ctx.stops.urgent and not urgent_sent:
                 urgent_sent = True
                 group.stop(now=True)
@@ -328,7 +341,7 @@ class ProgramAttempts(Attempts):
             code = self.exits.get(node.name)
             if code is not None and code != 0 and node.name not in self.lost and self._gone(node, code):
                 self.lost.add(node.name)
-        if self.lost:
+        if self.lost or self.prelay.stopping:
             return Outcome.RELAUNCH
         failed = [(n, self.exits[n.name]) for n in ctx.group if self.exits.get(n.name, 0) != 0]
         if not failed:
@@ -385,6 +398,17 @@ class ProgramAttempts(Attempts):
                  path=str(self.checkpoint_dir), seconds=round(time.perf_counter() - t0, 3),
                  message=f"checkpoint of step {pulled.step} pulled from {node.name} ({plural(files, 'file')} changed, "
                  f"{size} bytes)")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A node supervisor's tagged line (data from a slave): a JSON object, or {}."""
+    import json
+
+    try:
+        value = json.loads(text[:4096])
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def ckpts_present(path: Path) -> bool:
