@@ -73,6 +73,7 @@ p.add_argument("--gate-at", type=int, action="append", default=[])
 p.add_argument("--gates", type=Path)
 p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--link-at", type=int, default=None)
+p.add_argument("--silent", action="store_true", help="checkpoint without saying so (report.log(checkpoint=True))")
 args = p.parse_args()
 if args.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -104,7 +105,8 @@ for step in range(start + 1, args.steps + 1):
         part = state.with_suffix(".part")
         part.write_text(json.dumps({"step": step, "pad": "x" * step}))
         os.replace(part, state)
-        report.log(step=step, checkpoint=True)
+        if not args.silent:
+            report.log(step=step, checkpoint=True)
     if rank == 0 and step == args.link_at:
         state.write_text(json.dumps({"step": step}))
         os.symlink("/dev/zero", report.checkpoint_dir() / "zero")
@@ -319,6 +321,28 @@ def test_a_checkpoint_holding_a_link_to_dev_zero_is_refused_and_the_previous_one
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["state.json"]
     assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 2
     assert seen[-1]["event"] == "done"
+
+
+def test_a_checkpoint_the_program_does_not_announce_is_pulled_every_checkpoint_pull_s(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    node = two_nodes[0]
+    trust(gputui_home, node)
+    code, gates = program_dir(tmp_path), tmp_path / "gates"
+    gates.mkdir()
+    command = ["python", "prog.py", "--steps", "4", "--ckpt-at", "2", "--silent", "--gate-at", "2", "--gates", str(gates)]
+    profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
+                              {"command": command, "workdir": str(code), "env": ENV, "checkpoint_pull_s": 1.0},
+                              master_trains=False)
+    run_dir = tmp_path / "periodic"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (periodic pulls)") as child:
+        pulled = child.wait_for(lambda e: e["event"] == "checkpoint_pulled", RUN_S, "a periodic pull")
+        assert pulled["step"] == 2 and pulled["files"] == 1  # the step the program was at (it said nothing)
+        assert not any(e.get("checkpoint") for e in child.events if e["event"] == "metrics")
+        (gates / "go2").touch()
+        assert finish(child, RUN_S, "the run", run_dir) == 0, child.stderr + node_logs(run_dir)
+    assert [e["event"] for e in child.events].count("checkpoint_pulled") == 1  # unchanged since: not pulled again
+    assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 2
 
 
 # -- the pull's checks, without a cluster ---------------------------------------------------
