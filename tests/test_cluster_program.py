@@ -365,7 +365,7 @@ def test_a_pull_takes_only_regular_files_under_the_caps_and_fetches_only_what_ch
     assert sorted(p.name for p in dest.iterdir()) == ["a.pt", "sub"]  # the previous one, untouched
     (src / "zero").unlink()
     with open(src / "big", "wb") as fh:
-        fh.truncate(ckpts.MAX_CHECKPOINT + 1)
+        fh.truncate(runs.MAX_CHECKPOINT + 1)
     with pytest.raises(ckpts.Refused, match="over the cap"):
         ckpts.pull(ckpts.LocalSource(src), dest, again[0])
     assert not list(tmp_path.glob("master/checkpoints.part*"))
