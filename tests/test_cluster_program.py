@@ -73,6 +73,7 @@ p.add_argument("--gate-at", type=int, action="append", default=[])
 p.add_argument("--gates", type=Path)
 p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--link-at", type=int, default=None)
+p.add_argument("--fail-at", type=int, default=None)
 p.add_argument("--silent", action="store_true", help="checkpoint without saying so (report.log(checkpoint=True))")
 args = p.parse_args()
 if args.ignore_term:
@@ -101,6 +102,9 @@ def gate(step):
 
 for step in range(start + 1, args.steps + 1):
     report.log(step=step, loss=1.0 / step)
+    if step == args.fail_at:
+        print(f"boom at step {step}", file=sys.stderr, flush=True)
+        sys.exit(3)
     if rank == 0 and step in args.ckpt_at:
         part = state.with_suffix(".part")
         part.write_text(json.dumps({"step": step, "pad": "x" * step}))
@@ -343,6 +347,26 @@ def test_a_checkpoint_the_program_does_not_announce_is_pulled_every_checkpoint_p
         assert finish(child, RUN_S, "the run", run_dir) == 0, child.stderr + node_logs(run_dir)
     assert [e["event"] for e in child.events].count("checkpoint_pulled") == 1  # unchanged since: not pulled again
     assert json.loads((run_dir / "checkpoints" / "state.json").read_text())["step"] == 2
+
+
+def test_a_program_that_fails_on_a_node_is_the_runs_error_in_one_line(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    node = two_nodes[1]
+    trust(gputui_home, node)
+    code = program_dir(tmp_path)
+    profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
+                              {"command": ["python", "prog.py", "--fail-at", "2"], "workdir": str(code), "env": ENV},
+                              master_trains=False)
+    run_dir = tmp_path / "boom"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (a failing program)") as child:
+        assert finish(child, RUN_S, "the failed run", run_dir) == 1, child.stderr + node_logs(run_dir)
+    error = next((e for e in child.events if e["event"] == "error"), None)
+    assert error is not None, story(child.events)
+    assert error["exit_code"] == 3 and error["node"] == "n0"
+    assert error["message"] == "python exited with code 3 on n0: boom at step 2"
+    assert not any(e["event"] in ("relaunch", "node_lost") for e in child.events)  # a failure, not a lost node
+    assert "python exited with code 3 on n0: boom at step 2" in child.stderr and "Traceback" not in child.stderr
 
 
 # -- the pull's checks, without a cluster ---------------------------------------------------

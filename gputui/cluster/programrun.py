@@ -19,7 +19,9 @@ there) is the run's error.
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,9 @@ from gputui.model.units import plural
 MASTER_DIR = "node-master"  # the master's own node's run directory, inside the run directory
 CODE_DIR = "code"  # in a node's run directory: its copy of the workdir
 OUTPUT = "output.log"  # <run dir>/nodes/NAME/output.log
+TAIL_LINES = 400  # a node's last output lines kept for its failure's message
+# torchrun's line when a rank fails: "E1127 ... api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 19759) of binary: python"
+TORCHRUN_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+")
 
 
 def ship_code(node: Node, workdir: Path, code_dir: str, max_bytes: int) -> int:
@@ -84,6 +89,18 @@ class ProgramRelay:
         self.started = True
         self.last_kind: str | None = None
         self.stopping: list[str] = []  # nodes whose supervisor was signalled there (a spot notice, the budget guard)
+        self.lines: dict[str, deque[str]] = {}  # each node's last output lines (what a failure says)
+
+    def failure(self, node: Node, code: int) -> tuple[int, str]:
+        """What a node's failed run says: the program's own exit code and its last line before
+        torchrun's report of the failure (torchrun itself exits 1 with a traceback of its own)."""
+        lines = list(self.lines.get(node.name, ()))
+        for i, line in enumerate(lines):
+            found = TORCHRUN_FAILED.search(line)
+            if found:
+                said = [ln.strip() for ln in lines[:i] if ln.strip()]
+                return int(found.group(1)), (said[-1] if said else "no output")
+        return code, node.proc.last_error() if node.proc is not None else "no output"
 
     def line(self, node: Node, text: str) -> None:
         if text.startswith(EVENT_TAG):
@@ -102,6 +119,7 @@ class ProgramRelay:
             return
         if node.proc is not None:
             node.proc.tail.append(text)
+        self.lines.setdefault(node.name, deque(maxlen=TAIL_LINES)).append(text)
         if node.log is not None:
             node.log.write(text + "\n")
             node.log.flush()
@@ -348,7 +366,8 @@ class ProgramAttempts(Attempts):
             return Outcome.DONE
         first = next(((n, c) for n, c in failed if n.name == self.prelay.rank0), failed[0])
         node, code = first
-        last = clean(node.proc.last_error() if node.proc else "no output", 300)
+        code, last = self.prelay.failure(node, code)
+        last = clean(last, 300)
         program = Path(ctx.cfg.command[0]).name if ctx.cfg.command else "program"
         message = f"{program} exited with code {code} on {node.name}: {last}"
         ctx.out.write(events.make("error", message=message, exit_code=code, node=node.name,
