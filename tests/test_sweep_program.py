@@ -215,8 +215,6 @@ def test_suggest_params_asks_optuna_for_each_kind() -> None:
     (program_profile('objective = "acc"\n[sweep.params]\n"l r" = [1, 2]\n'), "parameter names of letters"),
     (program_profile('objective = "acc"\n[sweep.params]\nw = [1, 1]\n'), "1 is given twice"),
     (program_profile('objective = "acc"\n[sweep.params]\nlr = {low = 0.1}\n'), "a range with low and high"),
-    (program_profile('objective = "acc"\n[sweep.params]\nlr = [0.1, 0.5]\n') + '[[hosts]]\nname = "h"\n'
-     'address = "h.example"\n', "runs its trials on this machine's slots"),
     ('[run]\nmodel = "fast"\nepochs = 2\n[sweep]\nobjective = "val_acc"\nlr = [1e-3, 1e-1]\n',
      "names a metric of your own program: set [run] command"),
     ('[run]\nmodel = "fast"\nepochs = 2\n[sweep]\nlr = [1e-3, 1e-1]\n[sweep.params]\nx = [1, 2]\n',

@@ -20,6 +20,7 @@ import threading
 from typing import Any, Callable
 
 from gputui.model.errors import GputuiError, UserError
+from gputui.sweep.hostcode import ProgramCode
 from gputui.sweep.remote import RemoteHost, RemoteSlot, bootstrapper, cluster_defaults, host_slots, prepare_host
 
 
@@ -52,9 +53,10 @@ class CloudFleet:
     once every slot is closed (the scheduler closes them all at its end), or by `release`."""
 
     def __init__(self, profile: Any, spec: Any, manager: Any = None, ssh_wait_s: float | None = None,
-                 imds_url: str | None = None) -> None:
-        """`manager`: a SlaveManager (tests give one on a simulated cloud); default: the profile's."""
-        self.profile, self.spec = profile, spec
+                 imds_url: str | None = None, code: ProgramCode | None = None) -> None:
+        """`manager`: a SlaveManager (tests give one on a simulated cloud); default: the profile's.
+        `code`: a program sweep's, sent to each slave once it is bootstrapped (gputui.sweep.hostcode)."""
+        self.profile, self.spec, self.code = profile, spec, code
         self.settings = manager.settings if manager is not None else sweep_cluster(profile, spec)
         self.manager = manager
         self.ssh_wait_s = ssh_wait_s
@@ -96,7 +98,7 @@ class CloudFleet:
                 record = ctx.ledger.get(slave.instance_id)
                 rate = record.hourly_price if record is not None else 0.0
                 connect: Callable[[], Any] = lambda: self.manager.connect(slave, wait)  # noqa: E731
-                return prepare_host(slave.instance_id, connect, boot, rate)
+                return prepare_host(slave.instance_id, connect, boot, rate, self.code, self.spec.name)
 
             self.hosts = in_parallel(one, slaves, lambda h: h.close())
         except BaseException:
@@ -155,12 +157,12 @@ class CloudFleet:
         return self.released
 
 
-def cloud_slots(profile: Any, spec: Any) -> list[RemoteSlot]:
-    """The slots of the sweep's cloud slaves ([] without a `[cloud]` table)."""
+def cloud_slots(profile: Any, spec: Any, code: ProgramCode | None = None) -> list[RemoteSlot]:
+    """The slots of the sweep's cloud slaves ([] without a `[cloud]` table); `code`: a program sweep's."""
     if "cloud" not in profile.tables:
         return []
     try:
-        return CloudFleet(profile, spec).start()
+        return CloudFleet(profile, spec, code=code).start()
     except UserError:
         raise
     except GputuiError as exc:

@@ -11,6 +11,13 @@ trial back) and the worker sees the end of its stdin and stops.
 
 Messages are rewritten on their way out: a trial's run directory and data set are the host's own
 (its `runs/sweep-NAME/trial-N` under the bootstrap directory, its copy of the data set).
+
+A sweep of the user's own program: before its workers start, the host gets the program's code
+once (gputui.sweep.hostcode: workdir synced to `runs/sweep-NAME/code`, `[run] setup` run), each
+worker is `gputui worker --program`, and each trial's workdir is that code directory. A trial
+whose worker dies has its checkpoint directory (`checkpoints/`, what `checkpoint_dir()` gives the
+program) pulled back as the nets' `ckpt.pt` is (gputui.cluster.checkpoints: regular files only,
+capped), and pushed to wherever the retry runs.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from gputui.model.lines import LineSplitter, cut_marker
 from gputui.runs.store import CHECKPOINT, MAX_CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.base import WorkerGone
+from gputui.sweep.hostcode import ProgramCode, Shipped, ship
 
 READ_TIMEOUT_S = 5.0  # how often a silent channel checks its connection is still up
 KILL_TIMEOUT_S = 10.0
@@ -35,6 +43,7 @@ EOF_SETTLE_S = 2.0  # after a worker's output ends: time for its exit status, or
 PID_TAG = "@@gputui-worker-pid "
 WATCH_INTERVAL_S = 2.0  # a cloud worker's spot watcher polls the metadata service this often
 _GPU_COUNT = "nvidia-smi --query-gpu=index --format=csv,noheader,nounits 2>/dev/null || true"
+PROGRAM_CHECKPOINTS = "checkpoints"  # a program's checkpoint directory in its run directory (gputui.jobs.program)
 
 
 @dataclass
@@ -48,6 +57,7 @@ class RemoteHost:
     conn: Any
     gpus: int
     usd_per_hour: float = 0.0  # the whole host's rate (a cloud slave's), shared by its slots
+    code: Shipped | None = None  # a program sweep's code on the host (None: the built-in nets)
     lock: threading.Lock = field(default_factory=threading.Lock)
     files: threading.Lock = field(default_factory=threading.Lock)  # one SFTP copy at a time on the connection
     closed: bool = False
@@ -242,6 +252,12 @@ class SSHHandle:
             self._pid_known.set()
 
     def _pull_checkpoint(self) -> None:
+        if self.host.code is not None:
+            self._pull_program_checkpoint()
+            return
+        self._pull_net_checkpoint()
+
+    def _pull_net_checkpoint(self) -> None:
         """The worker died in a trial: copy the trial's checkpoint back to the master (the retry, on
         any slot, goes on from it). Nothing when the host is gone, or the trial had none yet. The
         host's file is data: only a regular file, at most MAX_CHECKPOINT bytes, is copied (a link
@@ -264,10 +280,37 @@ class SSHHandle:
             self.warnings.append(f"checkpoint of the trial in {remote} not pulled back from host {self.host.name} "
                                  f"({clean(str(exc) or type(exc).__name__, 300)}); the retry's checkpoint: {kept}")
 
+    def _pull_program_checkpoint(self) -> None:
+        """A program's trial died here: its checkpoint directory back to the master, as a net's
+        `ckpt.pt` is (gputui.cluster.checkpoints.pull: regular files only, capped, into a temporary
+        directory renamed into place; a refused one is a warning and the one before is kept)."""
+        from gputui.cluster import checkpoints as ckpts
+
+        current, self._current = self._current, None
+        transport = self.host.conn.transport() if self.host.conn is not None else None
+        if current is None or transport is None or not transport.is_active():
+            return
+        local, remote = current
+        try:
+            Path(local).mkdir(parents=True, exist_ok=True)
+            with self.host.files:
+                source = ckpts.RemoteSource(self.host.conn, f"{remote}/{PROGRAM_CHECKPOINTS}")
+                ckpts.pull(source, Path(local) / PROGRAM_CHECKPOINTS, ckpts.Pulled())
+            if _has_files(Path(local) / PROGRAM_CHECKPOINTS):
+                self.pulled.append(local)
+        except Exception as exc:  # noqa: BLE001 - no checkpoint back: the retry goes on from an older one, or the start
+            from gputui.model.text import clean
+
+            self.warnings.append(f"checkpoint of the trial in {remote} not pulled back from host {self.host.name} "
+                                 f"({clean(str(exc) or type(exc).__name__, 300)}); the retry's checkpoint: "
+                                 f"{'the one pulled before' if _has_files(Path(local) / PROGRAM_CHECKPOINTS) else 'none'}")
+
     def _push_checkpoint(self, local: str, remote: str) -> bool:
         """A retried trial's checkpoint (pulled back earlier) to its run directory on this host."""
         from gputui.cluster.sshnode import sh
 
+        if self.host.code is not None:
+            return self._push_program_checkpoint(local, remote)
         source = Path(local) / CHECKPOINT
         if not source.is_file():
             return False
@@ -279,8 +322,25 @@ class SSHHandle:
             return False
         return True
 
+    def _push_program_checkpoint(self, local: str, remote: str) -> bool:
+        """A program's retried trial: the checkpoint directory pulled back earlier replaces the one
+        in its run directory here; False when there is none (or it could not be sent)."""
+        from gputui.cluster import checkpoints as ckpts
+        from gputui.cluster.sshnode import sh
+
+        source = Path(local) / PROGRAM_CHECKPOINTS
+        if not _has_files(source):
+            return False
+        try:
+            self.host.conn.check(f"mkdir -p {sh(remote)}", what="creating a trial's directory")
+            with self.host.files:
+                return ckpts.push(self.host.conn, source, f"{remote}/{PROGRAM_CHECKPOINTS}") > 0
+        except Exception:  # noqa: BLE001 - it starts from the beginning instead
+            return False
+
     def _localise(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A trial message as the host sees it: its run directory, its copy of the data set."""
+        """A trial message as the host sees it: its run directory, its copy of the data set (a
+        program's trial: its workdir is the sweep's code directory there)."""
         from gputui.config.profile import parse_profile
 
         number = protocol.integer(message.get("trial")) or 0
@@ -288,10 +348,19 @@ class SSHHandle:
         out["run_dir"] = f"{self.host.boot.base}/runs/sweep-{self.sweep}/trial-{number:05d}"
         try:
             cfg = parse_profile(str(message.get("profile", ""))).run.resolve()
+            if self.host.code is not None:
+                cfg = replace(cfg, workdir=self.host.code.code_dir)
             out["profile"] = replace(cfg, data=self.host.boot.data_dir).to_toml()
         except GputuiError:
             pass  # the worker reports the bad profile as the trial's error
         return out
+
+
+def _has_files(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(path.iterdir())
+    except OSError:
+        return False
 
 
 @dataclass
@@ -312,7 +381,9 @@ class RemoteSlot:
         from gputui.cluster.sshnode import sh
 
         boot = self.host.boot
-        argv = [boot.venv_python, "-m", "gputui", "worker", "--device", self.device, "--data", boot.data_dir]
+        argv = [boot.venv_python, "-m", "gputui", "worker", "--device", self.device]
+        # a program's worker: no torch, no data set (its trials run in the sweep's code directory)
+        argv += ["--program"] if self.host.code is not None else ["--data", boot.data_dir]
         env = {"GPUTUI_HOME": boot.home}
         if self.threads:
             argv += ["--threads", str(self.threads)]
@@ -368,21 +439,25 @@ def bootstrapper(profile: Any) -> Any:
     return Bootstrapper(remote_dir, python, build_wheel(), local_dataset(data))
 
 
-def prepare_host(name: str, connect: Callable[[], Any], boot: Any, usd_per_hour: float = 0.0) -> RemoteHost:
-    """Connect, bootstrap and count the GPUs of one host."""
+def prepare_host(name: str, connect: Callable[[], Any], boot: Any, usd_per_hour: float = 0.0,
+                 code: ProgramCode | None = None, sweep: str = "") -> RemoteHost:
+    """Connect, bootstrap and count the GPUs of one host; a program sweep's `code` is sent to it
+    (once: its workers share it) and `[run] setup` run there."""
     conn = connect()
     try:
         booted = boot.bootstrap(conn)
         gpus = remote_gpu_count(conn)
+        shipped = ship(conn, booted, code, sweep) if code is not None else None
     except BaseException:
         conn.close()
         raise
-    return RemoteHost(name, connect, booted, conn, gpus, usd_per_hour)
+    return RemoteHost(name, connect, booted, conn, gpus, usd_per_hour, shipped)
 
 
-def remote_slots(profile: Any, spec: Any) -> list[RemoteSlot]:
+def remote_slots(profile: Any, spec: Any, code: ProgramCode | None = None) -> list[RemoteSlot]:
     """The slots of every `[[hosts]]` host of the profile (hosts in parallel); [] without hosts.
-    A host that cannot be reached or bootstrapped stops the sweep before it starts (one line)."""
+    A host that cannot be reached or bootstrapped stops the sweep before it starts (one line).
+    `code`: a program sweep's (gputui.sweep.hostcode.program_code), sent to each host first."""
     from gputui.cluster.bringup import in_parallel
     from gputui.cluster.sshnode import SlaveConnection
     from gputui.sources.hostspecs import hosts_from_profile
@@ -393,7 +468,8 @@ def remote_slots(profile: Any, spec: Any) -> list[RemoteSlot]:
     boot = bootstrapper(profile)
 
     def one(host_spec: Any) -> RemoteHost:
-        return prepare_host(host_spec.name, lambda: SlaveConnection(host_spec).open_or_raise(), boot)
+        return prepare_host(host_spec.name, lambda: SlaveConnection(host_spec).open_or_raise(), boot,
+                            code=code, sweep=spec.name)
 
     try:
         hosts = in_parallel(one, specs, lambda h: h.close())

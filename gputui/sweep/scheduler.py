@@ -185,8 +185,26 @@ class Scheduler:
         """Start every slot's worker (torch and the data load from now on)."""
         if not self._started:
             self._started = True
+            self._say_code()
             for slot in self.slots:
                 self._spawn(slot)
+
+    def _say_code(self) -> None:
+        """A program sweep's code on each host (sent once per host, before its workers): a `code` line."""
+        said: set[str] = set()
+        for slot in self.slots:
+            host: Any = getattr(slot, "host", None)
+            shipped = getattr(host, "code", None)
+            if host is None or shipped is None or host.name in said:
+                continue
+            said.add(host.name)
+            stats = shipped.stats
+            self.view.sweep("code", host=host.name, code_dir=shipped.code_dir, sent_files=stats.sent_files,
+                            sent_bytes=stats.sent_bytes, unchanged_files=stats.unchanged_files,
+                            removed_files=stats.removed_files, seconds=round(stats.seconds, 3),
+                            setup=shipped.setup_ran)
+            for note in stats.notes:
+                self.view.sweep("warning", slot=host.name, message=note)
 
     def abort(self) -> None:
         """The sweep will not run after all: end the workers started, release the slots (cloud slaves)."""

@@ -168,11 +168,15 @@ def local_slots(spec: SweepSpec, run: Any, logs: Path, workers: int | None = Non
 
 def sweep_slots(profile: Any, spec: SweepSpec, logs: Path, workers: int | None = None) -> list[Slot]:
     """Every slot of a sweep: this machine's (`local_slots`), the [[hosts]]' (gputui.sweep.remote) and
-    the [cloud] slaves' the sweep starts (gputui.sweep.cloudslots; released when their slots close)."""
+    the [cloud] slaves' the sweep starts (gputui.sweep.cloudslots; released when their slots close).
+    A program sweep with slots elsewhere checks its code's size first (gputui.sweep.hostcode), before
+    any slot starts, then sends it to each host as the host is made ready."""
     from gputui.sweep.cloudslots import cloud_slots
+    from gputui.sweep.hostcode import program_code
     from gputui.sweep.remote import remote_slots
 
+    code = program_code(profile, spec, logs)
     slots: list[Slot] = list(local_slots(spec, profile.run, logs, workers))
-    slots += remote_slots(profile, spec)
-    slots += cloud_slots(profile, spec)
+    slots += remote_slots(profile, spec, code)
+    slots += cloud_slots(profile, spec, code)
     return slots

@@ -137,13 +137,7 @@ def parse_text(text: str, path: Path | None) -> tuple[Profile, SweepSpec]:
     if table is None:
         raise UserError(f"{path}: no [sweep] table: a sweep profile gives its search space there "
                         "(see profiles/sweep.toml)")
-    spec = spec_from(table, profile.run, path, text)
-    if spec.of_program:
-        elsewhere = [f"[{t}]" if t != "hosts" else "[[hosts]]" for t in ("hosts", "cloud") if t in profile.tables]
-        if elsewhere:
-            raise UserError(f"{path or 'profile'}: a sweep of your own program runs its trials on this machine's "
-                            f"slots (GPUs, or CPU workers); take {' and '.join(elsewhere)} out of its profile")
-    return profile, spec
+    return profile, spec_from(table, profile.run, path, text)
 
 
 def suggest(trial: Any, space: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:

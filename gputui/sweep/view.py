@@ -56,6 +56,10 @@ def event_line(kind: str, fields: dict[str, Any], metric: str) -> str | None:
         return f"slot {fields.get('slot')} {fields.get('state')}: {fields.get('message')}"
     if kind == "warning":
         return f"warning: {fields.get('message')}"
+    if kind == "code":
+        setup = "; [run] setup ran" if fields.get("setup") else ""
+        return (f"code on host {fields.get('host')}: {plural_of(fields.get('sent_files'), 'file')} sent, "
+                f"{fields.get('unchanged_files')} unchanged, in {fields.get('code_dir')}{setup}")
     if kind == "shutdown_failed":
         return f"shutdown: could not {fields.get('step')}: {fields.get('message')}"
     if kind == "budget":
