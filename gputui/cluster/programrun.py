@@ -176,7 +176,6 @@ class ProgramAttempts(Attempts):
         self.last_pull = time.monotonic()
         self.exits: dict[str, int] = {}
         self.shipped: set[str] = set()
-        self.resuming = False
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -258,7 +257,6 @@ class ProgramAttempts(Attempts):
     # -- one attempt -----------------------------------------------------------------------
     def _attempt(self, attempt: int, resume: bool) -> Outcome:
         self.exits.clear()
-        self.resuming = resume
         return super()._attempt(attempt, resume)
 
     def _start(self, node: Node, rank: int, rdzv: Rendezvous, resume: bool) -> None:
