@@ -369,6 +369,62 @@ def test_a_program_that_fails_on_a_node_is_the_runs_error_in_one_line(
     assert "python exited with code 3 on n0: boom at step 2" in child.stderr and "Traceback" not in child.stderr
 
 
+QUICK = "from gputui import report\nreport.log(step=1, ok=1.0)\nprint('quick ran', flush=True)\n"
+
+
+def test_the_code_goes_once_only_what_changed_and_setup_runs_again_when_its_files_change(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    node = two_nodes[1]
+    trust(gputui_home, node)
+    code = tmp_path / "work"
+    code.mkdir()
+    (code / "quick.py").write_text(QUICK)
+    (code / "requirements.txt").write_text("# nothing yet\n")
+    (code / "scratch.tmp").write_text("left out by sync_exclude\n")
+    count = tmp_path / "setup-count"  # the loopback node shares this file system: the setup's runs are counted here
+    profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
+                              {"command": ["python", "quick.py"], "workdir": str(code), "env": ENV,
+                               "sync_exclude": ["*.tmp"], "setup": f"echo ran >> {count}"},
+                              master_trains=False)
+
+    def run(name: str) -> str:
+        run_dir = tmp_path / name
+        with Child(gputui_run(profile, run_dir), env=cli_env(), name=f"gputui run ({name})") as child:
+            assert finish(child, RUN_S, f"the run {name}", run_dir) == 0, child.stderr + node_logs(run_dir)
+        said = [e["message"] for e in child.events if e["event"] == "node" and e.get("kind") == "code"]
+        assert len(said) == 1, story(child.events)
+        assert "quick ran" in (run_dir / "nodes" / "n0" / "output.log").read_text()
+        return said[0]
+
+    first = run("first")
+    assert "code 2 files sent" in first and "[run] setup ran" in first, first  # quick.py, requirements.txt
+    second = run("second")
+    assert "code 0 files sent" in second and "setup already done" in second, second
+    (code / "requirements.txt").write_text("# now one line more\nnumpy\n")
+    third = run("third")
+    assert "code 1 file sent" in third and "[run] setup ran" in third, third
+    assert count.read_text().splitlines() == ["ran", "ran"]
+
+
+def test_a_workdir_over_sync_max_mb_is_refused_before_anything_starts(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, tmp_path: Path, gputui_home: Path,
+) -> None:
+    code = tmp_path / "work"
+    code.mkdir()
+    (code / "quick.py").write_text(QUICK)
+    (code / "weights.bin").write_bytes(b"\0" * 300_000)
+    profile = cluster_profile(tmp_path / "cluster.toml", [two_nodes[1]], cluster_nodes.user_key,
+                              {"command": ["python", "quick.py"], "workdir": str(code), "sync_max_mb": 0.1},
+                              master_trains=False)
+    done = __import__("subprocess").run(gputui_run(profile, tmp_path / "run"), env=cli_env(), capture_output=True,
+                                        text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "sync_max_mb" in line and "weights.bin" in line, line
+    assert not (tmp_path / "run").exists()  # refused before the run (and any node) began
+
+
 # -- the pull's checks, without a cluster ---------------------------------------------------
 def test_a_pull_takes_only_regular_files_under_the_caps_and_fetches_only_what_changed(tmp_path: Path) -> None:
     src, dest = tmp_path / "node", tmp_path / "master" / "checkpoints"

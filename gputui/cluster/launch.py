@@ -65,7 +65,8 @@ class ClusterRun:
 
     def _run(self, ctx: RunContext, resume: bool) -> tuple[str, bool]:
         """Bring-up and attempts, then the teardown whatever happened: (outcome, whether training began)."""
-        outcome, attempts = "failed", None
+        outcome = "failed"
+        attempts: Attempts | None = None
         try:
             self.run.profile.write_text(self.cfg.to_toml(), encoding="utf-8")
             try:

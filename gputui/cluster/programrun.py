@@ -33,11 +33,10 @@ from gputui.cluster.members import KILL_MARGIN_S, Node
 from gputui.cluster.node import NODE_TAG
 from gputui.cluster.nodeprog import SETTINGS_FILE, STOP_NOTICE_S, settings_text
 from gputui.cluster.procs import LocalNode, RemoteNode, Rendezvous
-from gputui.cluster.sshnode import quote_path
 from gputui.cluster.stopping import Stopped
 from gputui.cluster.worker import EVENT_TAG
 from gputui.model import events, outside
-from gputui.model.errors import GputuiError, UserError
+from gputui.model.errors import GputuiError
 from gputui.model.text import clean, clean_tree
 from gputui.model.units import plural
 
@@ -47,30 +46,6 @@ OUTPUT = "output.log"  # <run dir>/nodes/NAME/output.log
 TAIL_LINES = 400  # a node's last output lines kept for its failure's message
 # torchrun's line when a rank fails: "E1127 ... api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 19759) of binary: python"
 TORCHRUN_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+")
-
-
-def ship_code(node: Node, workdir: Path, code_dir: str, max_bytes: int) -> int:
-    """The workdir onto `node` at `code_dir` (a stopgap for gputui.cluster.codesync.sync_workdir):
-    every regular file but .git, __pycache__ and hidden folders, over SFTP; the files sent."""
-    assert node.conn is not None
-    files: list[Path] = []
-    total = 0
-    for folder, dirs, names in os.walk(workdir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-        for name in sorted(names):
-            path = Path(folder) / name
-            if path.is_symlink() or not path.is_file():
-                continue
-            total += path.stat().st_size
-            files.append(path)
-    if total > max_bytes:
-        raise UserError(f"{workdir}: {total} bytes to send, over [run] sync_max_mb ({max_bytes >> 20} MB)")
-    folders = sorted({p.parent.relative_to(workdir).as_posix() for p in files} - {"."})
-    node.conn.check(f"mkdir -p {quote_path(code_dir)}" + "".join(f" {quote_path(code_dir + '/' + f)}" for f in folders),
-                    what="creating the code directory")
-    for path in files:
-        node.conn.put(path, f"{code_dir}/{path.relative_to(workdir).as_posix()}")
-    return len(files)
 
 
 class ProgramRelay:
@@ -176,6 +151,7 @@ class ProgramAttempts(Attempts):
         self.last_pull = time.monotonic()
         self.exits: dict[str, int] = {}
         self.shipped: set[str] = set()
+        self.code_files: Any = None  # the workdir's files to send, listed (and size-checked) once
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -286,8 +262,8 @@ class ProgramAttempts(Attempts):
         assert node.conn is not None and node.boot is not None
         remote = node.boot.run_dir(ctx.identity.slave_name)
         code_dir = f"{remote}/{CODE_DIR}"
-        if node.name not in self.shipped:
-            ship_code(node, workdir, code_dir, int(cfg.sync_max_mb * (1 << 20)))
+        if node.name not in self.shipped:  # the code, then [run] setup: once per node and run (codesync)
+            self._ship(node, workdir, code_dir)
             self.shipped.add(node.name)
         from gputui.cluster.attempts import TOKEN_FILE
 
@@ -302,6 +278,30 @@ class ProgramAttempts(Attempts):
         args = rdzv.program_args(rank, node.address, self._endpoint(node), cfg.command)
         node.proc = RemoteNode(node.name, ctx.items, node.conn, node.boot.venv_python, code_dir, args, env,
                                cfg.stop_grace_s, spot_watcher=node.kind == "cloud", extra_flags=["--program-dir", remote])
+
+    def _ship(self, node: Node, workdir: Path, code_dir: str) -> None:
+        """The workdir onto `node` (only what changed since its last sync there; .gitignore and
+        [run] sync_exclude honoured), then [run] setup in its venv when the setup files changed;
+        one `node` event says what was sent."""
+        from gputui.cluster import codesync
+
+        assert node.conn is not None and node.boot is not None
+        cfg = self.ctx.cfg
+        if self.code_files is None:
+            self.code_files = codesync.workdir_files(workdir, cfg.sync_exclude)
+            codesync.check_size(self.code_files, cfg.sync_max_mb)
+        stats = codesync.sync_workdir(node.conn, self.code_files, workdir, code_dir)
+        log = self.ctx.run.path / "nodes" / node.name / OUTPUT
+        ran = codesync.run_setup(node.conn, cfg.setup, cfg.setup_files, stats.code_dir, f"{node.boot.base}/venv", log,
+                                 check=self._check_stop)
+        setup = "; [run] setup ran" if ran else ("; [run] setup already done" if cfg.setup else "")
+        self.ctx.emit("node", node=node.name, kind="code", message=(
+            f"{node.name}: code {plural(stats.sent_files, 'file')} sent ({stats.sent_bytes / 1e6:.1f} MB), "
+            f"{stats.unchanged_files} unchanged, {stats.removed_files} removed in {stats.seconds:.2f} s{setup}"))
+
+    def _check_stop(self) -> None:
+        if self.ctx.stops.requested:
+            raise GputuiError("stopped during [run] setup")
 
     def _monitor(self) -> Outcome:
         ctx, group = self.ctx, self.ctx.group

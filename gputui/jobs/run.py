@@ -92,6 +92,13 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     cfg = base.merged(overrides).resolve()
     check(cfg, req.overrides)
     cluster = _check_cluster(profile_path)
+    if cluster is not None and cfg.is_program:  # the code that goes to every node fits, before anything starts
+        from gputui.cluster.codesync import check_size, workdir_files
+
+        workdir = Path(cfg.workdir or ".").expanduser()
+        if not workdir.is_dir():
+            raise UserError(f"{workdir}: the program's workdir is not a directory (set [run] workdir)")
+        check_size(workdir_files(workdir, cfg.sync_exclude), cfg.sync_max_mb)
     if cluster is None and not cfg.is_program:  # a cluster's nodes check their own devices and data
         validate(cfg)
     run = runs.create(req.run_dir)  # only now: a run that fails a check leaves no directory behind
