@@ -552,4 +552,10 @@ join_timeout = 60
     assert "stopping at step 3" in (run.path / "nodes" / "master" / "output.log").read_text()
     assert "resumed at step 3" in (run.path / "nodes" / second / "output.log").read_text()
     assert seen[-1]["event"] == "slaves_terminated" and seen[-1]["instances"] == [second]
+    # The program run's cost is metered as a built-in net's: both slaves in the ledger, ended, and
+    # the run's line there (gputui runs and gputui cost read these).
+    records = {r.instance_id: r for r in ctx.ledger.instances()}
+    assert records[first].ended_by == "interrupted" and records[second].ended_by == "run-end"
+    assert not any(r.running for r in records.values())
+    assert [(r[0], r[4]) for r in ctx.ledger.runs()] == [(run.run_id, "done")]
     assert wait_no_leftovers(str(run.path), *remote_run_dirs(run.run_id, *machines)) == []
