@@ -257,17 +257,25 @@ class SSHHandle:
             return
         self._pull_net_checkpoint()
 
+    def _dying_trial(self) -> tuple[str, str] | None:
+        """The trial this worker was running as it died: its (local, remote) run directories; None
+        when there was none, or the host is gone (nothing to pull)."""
+        current, self._current = self._current, None
+        transport = self.host.conn.transport() if self.host.conn is not None else None
+        if current is None or transport is None or not transport.is_active():
+            return None
+        return current
+
     def _pull_net_checkpoint(self) -> None:
         """The worker died in a trial: copy the trial's checkpoint back to the master (the retry, on
         any slot, goes on from it). Nothing when the host is gone, or the trial had none yet. The
         host's file is data: only a regular file, at most MAX_CHECKPOINT bytes, is copied (a link
         to /dev/zero is refused, a file that keeps growing is cut); one that is refused is a
         warning, and the retry goes on from the checkpoint pulled before, if any, or from the start."""
-        current, self._current = self._current, None
-        transport = self.host.conn.transport() if self.host.conn is not None else None
-        if current is None or transport is None or not transport.is_active():
+        trial = self._dying_trial()
+        if trial is None:
             return
-        local, remote = current
+        local, remote = trial
         try:
             Path(local).mkdir(parents=True, exist_ok=True)
             with self.host.files:
@@ -286,11 +294,10 @@ class SSHHandle:
         directory renamed into place; a refused one is a warning and the one before is kept)."""
         from gputui.cluster import checkpoints as ckpts
 
-        current, self._current = self._current, None
-        transport = self.host.conn.transport() if self.host.conn is not None else None
-        if current is None or transport is None or not transport.is_active():
+        trial = self._dying_trial()
+        if trial is None:
             return
-        local, remote = current
+        local, remote = trial
         try:
             Path(local).mkdir(parents=True, exist_ok=True)
             with self.host.files:
