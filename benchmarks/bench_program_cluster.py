@@ -236,11 +236,11 @@ def bench_spot(root: Path, nodes: ClusterNodes, repeat: int, story: bool) -> Non
           f"{spread([t['notice'] - t['armed'] for t, _ in rows], 2)}; not counted below)")
     print("   since the notice (medians of the runs):")
     for step in STEPS[1:]:
-        print(f"     {step:<38} {spread([t[step] - t['notice'] for t, _ in rows], 2)}")
+        print(f"     {step:<42} {spread([t[step] - t['notice'] for t, _ in rows], 2)}")
     for a, b, what in (("notice", "program exited", "notice -> the program's exit on every node"),
                        ("program exited", "training again", "exit -> training again on the replacement"),
                        ("notice", "training again", "notice -> training again, in all")):
-        print(f"   {what:<40} {spread([t[b] - t[a] for t, _ in rows], 2)}")
+        print(f"   {what:<44} {spread([t[b] - t[a] for t, _ in rows], 2)}")
     print(f"   load per run: {', '.join(r for _, r in rows)}")
 
 
