@@ -32,6 +32,8 @@ OWN_JSON = {
     "cluster/store.py": (1, "a JSON column gputui wrote into its own SQLite store"),
     "runs/summaries.py": (1, "gputui's own summary cache (summary.json beside a run's events, written by gputui)"),
     "report.py": (1, "GPUTUI_TRIAL, set by gputui for the program; stdlib only, so not gputui.model.outside"),
+    "cluster/checkpoints.py": (1, "the record of the last pull gputui wrote into the master's run directory"),
+    "cluster/nodeprog.py": (1, "the 0600 settings file the master wrote for the program on the node"),
 }
 PARSERS = {"loads", "load", "JSONDecoder", "raw_decode"}
 

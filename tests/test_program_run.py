@@ -309,7 +309,8 @@ def test_ddp_runs_the_program_through_torchrun(tmp_path: Path) -> None:
             "dist.init_process_group('gloo')\nimport torch\nt = torch.ones(1) * (dist.get_rank() + 1)\n"
             "dist.all_reduce(t)\nreport.log(step=1, total=float(t.item()), rank=float(dist.get_rank()))\n"
             "report.log(step=1, seen=float(dist.get_rank()), all_ranks=True)\n"
-            "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], flush=True)\n"
+            # one write(2) a line: both ranks share the output pipe, and print() writes its pieces apart
+            "os.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} {os.environ['MASTER_ADDR']}\\n\".encode())\n"
             "dist.destroy_process_group()\n")
     (tmp_path / "ddp.py").write_text(code)
     with Child(argv("run", "--json", "--strategy", "ddp", "--nproc", "2", "--run-dir", str(tmp_path / "run"), "--",

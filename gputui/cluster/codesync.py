@@ -51,6 +51,7 @@ from typing import IO, Any, Callable, Iterable, Sequence
 
 from gputui.cluster.sshnode import SlaveConnection, quote_path, sh
 from gputui.model import outside
+from gputui.model.lines import OUTPUT_LINE, LineSplitter
 from gputui.model.errors import GputuiError, UserError
 from gputui.model.paths import homes, private_opener
 from gputui.model.text import clean
@@ -622,7 +623,8 @@ def run_setup(node: SlaveConnection, command: str | None, setup_files: Sequence[
         out.line(f"gputui: [run] setup on slave {node.name}: {command}".encode())
         channel = node.open(script)
         try:
-            deadline, pending = time.monotonic() + timeout_s, b""
+            deadline = time.monotonic() + timeout_s
+            splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]")  # a line at most 64 KiB: a log, not a dump
             channel.settimeout(1.0)
             while True:
                 check()
@@ -633,9 +635,7 @@ def run_setup(node: SlaveConnection, command: str | None, setup_files: Sequence[
                     data = channel.recv(65536)
                 except socket.timeout:
                     continue
-                pending += data
-                lines = pending.split(b"\n")
-                pending = b"" if not data else lines.pop()
+                lines = splitter.feed(data) if data else splitter.feed(b"\n") if splitter.held else []
                 for raw in lines:
                     text = clean(outside.decode(raw).strip(), 200)
                     if text:

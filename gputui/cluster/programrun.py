@@ -418,14 +418,14 @@ class ProgramAttempts(Attempts):
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    """A node supervisor's tagged line (data from a slave): a JSON object, or {}."""
-    import json
+    """A node supervisor's tagged line (data from a slave): a JSON object, or {} (the one parser of
+    outside text, bounded)."""
+    from gputui.model import outside
 
     try:
-        value = json.loads(text[:4096])
-    except ValueError:
+        return outside.parse_object(text, 4096)
+    except outside.Refused:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def ckpts_present(path: Path) -> bool:
