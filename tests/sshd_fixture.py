@@ -97,21 +97,29 @@ class Sshd:
             f"LogLevel {self.log_level}",
             *self.extra_config,
         ]
-        config = self.root / "sshd_config"
-        config.write_text("\n".join(lines) + "\n")
-        check = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
-        assert check.returncode == 0, f"sshd -t: {check.stderr}"
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
-        # Ready once it says it listens on every port (connecting to check would leave a child behind).
-        deadline = time.monotonic() + 10
-        while True:
-            said = self.log.read_text(errors="replace")
-            if all(f"Server listening on {self.address} port {p}." in said for p in self.ports):
-                return self
-            assert self.process.poll() is None, f"sshd exited: {said}"
-            assert time.monotonic() < deadline, f"sshd did not listen on {self.ports}: {said}"
-            time.sleep(0.01)
+        # A port free_port() found can be taken before sshd binds it (a torch store listens on every
+        # interface, other tests start servers): then new ports, at most 5 tries.
+        for attempt in range(5):
+            config = self.root / "sshd_config"
+            config.write_text("\n".join([f"Port {p}" for p in self.ports] + lines[len(self.ports):]) + "\n")
+            check = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
+            assert check.returncode == 0, f"sshd -t: {check.stderr}"
+            with open(self.log, "wb") as log:
+                self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
+                                                stderr=subprocess.STDOUT)
+            # Ready once it says it listens on every port (connecting to check would leave a child behind).
+            deadline = time.monotonic() + 10
+            while True:
+                said = self.log.read_text(errors="replace")
+                if all(f"Server listening on {self.address} port {p}." in said for p in self.ports):
+                    return self
+                if self.process.poll() is not None:
+                    break
+                assert time.monotonic() < deadline, f"sshd did not listen on {self.ports}: {said}"
+                time.sleep(0.01)
+            assert "Address already in use" in said and attempt < 4, f"sshd exited: {said}"
+            self.ports = [free_port() for _ in self.ports]
+        raise AssertionError("unreachable")
 
     def stop(self) -> None:
         """The host goes away for good: the listener first (so nothing can connect again while

@@ -81,7 +81,7 @@ def test_a_sweep_host_s_dev_zero_checkpoint_is_a_warning_and_the_retry_keeps_the
     local.mkdir()
     (local / "ckpt.pt").write_bytes(b"pulled at an earlier death")
     handle: Any = SSHHandle.__new__(SSHHandle)  # the reader's side only: no worker channel is needed
-    handle.host = SimpleNamespace(conn=conn, files=threading.Lock(), name="h1")
+    handle.host = SimpleNamespace(conn=conn, files=threading.Lock(), name="h1", code=None)  # a net's sweep: no code dir
     handle._current, handle.pulled, handle.warnings = (str(local), str(there)), [], []
     handle._pull_checkpoint()
     assert handle.pulled == [] and (local / "ckpt.pt").read_bytes() == b"pulled at an earlier death"

@@ -279,3 +279,24 @@ def test_throttle_reasons_and_process_columns_over_ssh(sshd_factory: SshdFactory
     finally:
         server.stop()
         old.stop()
+
+
+def test_the_test_sshd_takes_new_ports_when_its_port_was_taken(tmp_path: Path) -> None:
+    """A port the fixture found free can be taken before sshd binds it (seen beside two CPU hogs):
+    the fixture starts again on new ports rather than failing the test that needed a host."""
+    import socket
+
+    from .sshd_fixture import Sshd, keygen
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    server = Sshd(tmp_path, [port], keygen(tmp_path / "host"), keygen(tmp_path / "user"), None)
+    try:
+        server.start()
+        assert server.port != port and server.process is not None and server.process.poll() is None
+        assert "Address already in use" not in server.log.read_text()  # the log of the start that worked
+    finally:
+        server.stop()
+        taken.close()
