@@ -88,6 +88,12 @@ def test_lists_nested_to_the_limit_are_taken_one_deeper_refused() -> None:
     assert refusal("[" + deepest + "]") == f"a line of JSON nested deeper than {MAX_DEPTH}"
 
 
+def test_depth_is_what_is_measured_not_the_number_of_brackets() -> None:
+    deepest = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    assert parse("[" + deepest[1:-1] + ", [], {}]")[1:] == [[], {}]  # 34 brackets, 32 deep
+    assert refusal("[[" + deepest + "], []]") == f"a line of JSON nested deeper than {MAX_DEPTH}"
+
+
 def test_objects_nested_one_past_the_limit_are_refused() -> None:
     assert isinstance(parse('{"a": ' * MAX_DEPTH + "1" + "}" * MAX_DEPTH), dict)
     assert refusal('{"a": ' * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1)) == \

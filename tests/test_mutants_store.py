@@ -33,9 +33,10 @@ def stat_line(pid: int, comm: str = "python", state: str = "S", start: str = "42
 
 
 @pytest.fixture
-def fake_stat(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, str | None], None]:
-    """Make /proc/PID/stat read as the given text (None: unreadable) for chosen pids."""
-    texts: dict[str, str | None] = {}
+def fake_stat(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[int, str | bytes | None], None]:
+    """Make /proc/PID/stat read as the given text or bytes (None: unreadable) for chosen pids: a
+    file with those bytes, opened as the code asks (its encoding and errors)."""
+    texts: dict[str, str | bytes | None] = {}
     real_open = builtins.open
 
     def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
@@ -43,12 +44,14 @@ def fake_stat(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, str | None], No
             text = texts[file]
             if text is None:
                 raise FileNotFoundError(file)
-            return io.StringIO(text)
+            stand_in = tmp_path / ("stat-" + file.split("/")[2])
+            stand_in.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+            return real_open(stand_in, *args, **kwargs)
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(store, "open", fake_open, raising=False)
 
-    def set_stat(pid: int, text: str | None) -> None:
+    def set_stat(pid: int, text: str | bytes | None) -> None:
         texts[f"/proc/{pid}/stat"] = text
 
     return set_stat
@@ -65,6 +68,27 @@ def run_in(tmp_path: Path, name: str = "20260101-000000-aaaa") -> RunDir:
 def test_the_start_time_is_field_22_of_stat_even_with_parentheses_in_the_name(fake_stat: Any) -> None:
     fake_stat(7, stat_line(7, comm="we ird) (name", start="987654"))
     assert process_start(7) == "987654"
+
+
+def test_a_process_whose_name_is_not_ascii_still_has_its_start_time_and_state(tmp_path: Path,
+                                                                             fake_stat: Any) -> None:
+    fake_stat(7, stat_line(7, comm="tr\u00e4ning \u2603", start="31337").encode("utf-8"))
+    assert process_start(7) == "31337"
+    run = run_in(tmp_path)
+    run.pidfile.write_text(f"{os.getpid()}\n4242\n", encoding="utf-8")
+    fake_stat(os.getpid(), stat_line(os.getpid(), comm="\u00e9\u00e9", state="Z", start="4242").encode("utf-8"))
+    assert live_process(run) is None
+    fake_stat(os.getpid(), stat_line(os.getpid(), comm="\u00e9\u00e9", start="4242").encode("latin-1"))
+    assert live_process(run) == RunProcess(os.getpid(), "4242", None)
+
+
+def test_asking_whether_a_run_lives_sends_it_no_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(store.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    run = run_in(tmp_path)
+    write_pid(run, os.getpid())
+    assert live_process(run) is not None
+    assert sent == [(os.getpid(), 0)]
 
 
 def test_a_later_thread_of_this_process_started_later_than_the_process() -> None:
@@ -277,6 +301,37 @@ def test_a_written_file_is_named_as_asked_even_through_a_link(tmp_path: Path) ->
         assert written_files(iter([link, real])) == {real}  # the last name given for one file
 
 
+def test_processes_whose_descriptors_cannot_be_listed_are_passed_over(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    real_listdir = os.listdir
+    mine = f"/proc/{os.getpid()}/fd"
+
+    def listdir(path: Any) -> list[str]:
+        if isinstance(path, str) and path.startswith("/proc/") and path.endswith("/fd") and path != mine:
+            raise PermissionError(13, "Permission denied")  # another user's, or gone
+        return real_listdir(path)
+
+    monkeypatch.setattr(store.os, "listdir", listdir)
+    path = tmp_path / "events.jsonl"
+    with open(path, "a", encoding="utf-8"):
+        assert written_files([path]) == {path}
+
+
+def test_descriptors_that_cannot_be_read_are_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "events.jsonl"
+    real_readlink = os.readlink
+    with open(path, "a", encoding="utf-8") as fh:
+        mine = f"/proc/{os.getpid()}/fd/{fh.fileno()}"
+
+        def readlink(link: Any) -> str:
+            if isinstance(link, str) and link.startswith("/proc/") and link != mine:
+                raise FileNotFoundError(2, "closed meanwhile")
+            return real_readlink(link)
+
+        monkeypatch.setattr(store.os, "readlink", readlink)
+        assert written_files([path]) == {path}
+
+
 def test_without_fdinfo_which_files_are_written_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_is_dir = Path.is_dir
     monkeypatch.setattr(Path, "is_dir", lambda self: False if str(self) == "/proc/self/fdinfo" else real_is_dir(self))
@@ -332,6 +387,27 @@ def test_lines_read_in_small_chunks_with_the_tail_and_the_offset_after_the_last_
     lines = EventLines(lines_of(tmp_path, b"a\nbb\nccc"), chunk=2)
     assert list(lines) == [b"a", b"bb"]
     assert (lines.offset, lines.tail, lines.dropped, lines.read_bytes) == (5, b"ccc", 0, 8)
+
+
+def test_the_file_is_read_a_chunk_at_a_time_never_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    real_open = builtins.open
+
+    class Counted(io.BufferedReader):
+        def read(self, size: int | None = -1) -> bytes:
+            data = super().read(size)
+            sizes.append(len(data))
+            return data
+
+    def counted_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if mode == "rb":
+            return Counted(io.FileIO(file, "r"))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(store, "open", counted_open, raising=False)
+    lines = EventLines(lines_of(tmp_path, b"a\nbb\nccc\n"), chunk=4)
+    assert list(lines) == [b"a", b"bb", b"ccc"]
+    assert sizes == [4, 4, 1, 0]
 
 
 def test_a_file_that_ends_with_its_newline_has_no_tail(tmp_path: Path) -> None:
