@@ -177,7 +177,13 @@ class Attempts:
 
     def _exited(self, node: Node, code: int) -> None:
         ctx = self.ctx
-        if ctx.stops.requested or self.relay.last_kind in ("done", "error", "interrupted") or self.failure:
+        if ctx.stops.requested or self.relay.last_kind in ("done", "error") or self.failure:
+            return
+        # After an `interrupted` event a node's exit is the group stopping (a slave's spot notice or
+        # budget stop: every rank checkpointed), unless the slave's channel ended with no exit
+        # status at all: its connection went (a dropped tunnel), and the master rank's own
+        # `interrupted` (its peer gone) can come before that channel is seen closed.
+        if self.relay.last_kind == "interrupted" and not (isinstance(node.proc, RemoteNode) and code == -1):
             return
         reason = node.proc.last_error() if node.proc else "gone"
         if not self.relay.started:  # torchrun could not even start: no point waiting for the others
