@@ -337,8 +337,9 @@ def test_dataparallel_and_net_flags_are_refused_in_one_line(tmp_path: Path) -> N
 def test_a_fifo_as_the_reports_file_is_one_warning_not_a_hang(tmp_path: Path) -> None:
     code = ("import os\nos.unlink(os.environ['GPUTUI_EVENTS']) if os.path.exists(os.environ['GPUTUI_EVENTS']) else None\n"
             "os.mkfifo(os.environ['GPUTUI_EVENTS'])\nprint('made a fifo', flush=True)\n"
-            "import time\nfor _ in range(3000):\n    time.sleep(0.01)\n"  # lives while gputui looks at the file
-            "    if os.path.exists(os.environ['GPUTUI_STOP_FILE']): break\n")
+            "import time\ndeadline = time.monotonic() + 600\n"  # lives until gputui asks it to stop (a bound only)
+            "while not os.path.exists(os.environ['GPUTUI_STOP_FILE']) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.01)\n")
     (tmp_path / "fifo.py").write_text(code)
     with Child(argv("run", "--json", "--run-dir", str(tmp_path / "run"), "--", "python", "fifo.py"), env=cli_env(),
                cwd=tmp_path) as child:
