@@ -66,6 +66,16 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def thinned_append(points: list[Point], point: Point, stride: int) -> tuple[list[Point], int]:
+    """`points` with `point` added, at most MAX_POINTS of them: past that every other point goes
+    (the newest stays) and the series keeps one point in twice `stride` from then on. Both series
+    kinds (a net's fixed curves, a program's metrics) grow this way."""
+    points.append(point)
+    if len(points) > MAX_POINTS:
+        return points[(len(points) - 1) % 2::2], stride * 2
+    return points, stride
+
+
 @dataclass(frozen=True)
 class Curves:
     """One run's series. `version` grows with every change (a view redraws only when it moved)."""
@@ -157,10 +167,7 @@ class Curves:
                 points = grown.get(name)
                 if points is None:
                     points = grown[name] = list(curves.series(name))
-                points.append(curves._point(event, v))
-                if len(points) > MAX_POINTS:  # every other point goes, the newest stays
-                    grown[name] = points[(len(points) - 1) % 2::2]
-                    stride *= 2
+                grown[name], stride = thinned_append(points, curves._point(event, v), stride)
                 every[index] = (stride, 0)
                 added = True
             changes += added
@@ -521,10 +528,7 @@ class MetricCurves:
                 if since < stride:
                     every[key] = (stride, since)
                     continue
-                points.append(Point(point_of[0], point_of[1], None, point_of[2], v))
-                if len(points) > MAX_POINTS:
-                    grown[key] = points[(len(points) - 1) % 2::2]
-                    stride *= 2
+                grown[key], stride = thinned_append(points, Point(point_of[0], point_of[1], None, point_of[2], v), stride)
                 every[key] = (stride, 0)
                 added = True
             changes += added
