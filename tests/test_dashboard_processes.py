@@ -104,6 +104,18 @@ def shown_pids(app: Any) -> list[int]:
     return [int(str(table.get_row_at(i)[2]).strip()) for i in range(table.row_count)]
 
 
+
+async def signal_the_selected_process(pilot: Any, app: Any, key: str) -> None:
+    """Send a signal from the process table, each key once what it acts on is there: on a busy
+    machine the table's rows or the question may be drawn a while after the key before."""
+    await wait_for(pilot, lambda: isinstance(app.screen, ProcessScreen) and bool(shown_pids(app))
+                   and not [w for w in app.workers if w.name == "process-signal" and not w.is_finished],
+                   what="the process table on top with its rows, no kill under way")
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen), what=f"the question before {key}")
+    await pilot.press("s")
+
+
 def test_process_table_sorts_filters_and_signals_after_asking() -> None:
     source = Scripted([processes_round()])
     app = create_app(make_backend(source=source))
@@ -149,20 +161,12 @@ def test_a_refused_or_failing_kill_is_one_line_in_the_events() -> None:
     failures: list[Any] = []
 
     async def scenario(pilot: Any) -> None:
-        async def interrupt_the_selected_process() -> None:  # each key once what it acts on is there
-            await wait_for(pilot, lambda: isinstance(app.screen, ProcessScreen) and bool(shown_pids(app))
-                           and not [w for w in app.workers if w.name == "process-signal" and not w.is_finished],
-                           what="the process table on top with its rows, no kill under way")
-            await pilot.press("I")
-            await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="the question before SIGINT")
-            await pilot.press("s")
-
         await wait_for(pilot, lambda: app.hosts_polls >= 1)
         await pilot.press("P")
-        await interrupt_the_selected_process()
+        await signal_the_selected_process(pilot, app, "I")
         await wait_for(pilot, lambda: "kill refused: pid 100 on alpha belongs to alice" in log_text(app))
         source.kill_answer = OSError("connection reset")
-        await interrupt_the_selected_process()
+        await signal_the_selected_process(pilot, app, "I")
         await wait_for(pilot, lambda: "kill failed: pid 100 on alpha: connection reset" in log_text(app))
         assert source.kills == [("alpha", 100, "INT")] * 2
         failures.extend(w for w in app.workers if w.error is not None)
@@ -199,7 +203,7 @@ def test_sigterm_from_the_table_reaches_a_real_local_process() -> None:
             await wait_for(pilot, lambda: app.hosts_polls >= 1)
             await pilot.press("P")
             await wait_for(pilot, lambda: local.process_sm, what="NVML asked for SM %")
-            await pilot.press("T", "s")
+            await signal_the_selected_process(pilot, app, "T")
             await wait_for(pilot, lambda: f"SIGTERM sent to pid {child.pid} (sleep 60) on local" in log_text(app))
             await pilot.press("escape")
             await wait_for(pilot, lambda: not local.process_sm, what="SM % off again")
@@ -233,7 +237,8 @@ def test_a_kill_confirmed_after_the_pid_was_reused_sends_nothing() -> None:
 
         async def scenario(pilot: Any) -> None:
             await wait_for(pilot, lambda: app.hosts_polls >= 1)
-            await pilot.press("P", "T", "s")
+            await pilot.press("P")
+            await signal_the_selected_process(pilot, app, "T")
             refused = f"process {pid} has ended (its PID now belongs to another process): nothing sent"
             await wait_for(pilot, lambda: refused in log_text(app), what="the kill's refusal")
             await pilot.press("escape", "q")
