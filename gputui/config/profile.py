@@ -1,7 +1,7 @@
 """The registry: every table a profile may hold, and the profile loader.
 
 A profile is a TOML file (profiles/ ships several) with a `[run]` table and, for what it sets
-up, `[[hosts]]`, `[cloud]`, `[cluster]`, `[alerts]`, `[sweep]` and `[ui]`. Every key is
+up, `[[hosts]]`, `[cloud]`, `[cluster]`, `[alerts]`, `[sweep]`, `[ui]` and `[free]`. Every key is
 optional unless its table says otherwise: a missing `[run]` key takes the model's own default
 (gputui.config.recipes) or the documented default. Unknown tables and keys, wrong types and
 impossible values are errors naming the file, the line, the key and what is expected (exit 2).
@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from gputui.config.alerts import ALERTS_SECTION, AlertSettings
 from gputui.config.cloud import CLOUD_SECTION, CloudSettings
 from gputui.config.cluster import CLUSTER_SECTION, ClusterSettings
+from gputui.config.free import FREE_SECTION, FreeRule
 from gputui.config.hosts import HOSTS_SECTION, HostSpec
 from gputui.config.run import RUN_SECTION, RunConfig, RunSettings
 from gputui.config.schema import Section, Source
@@ -35,12 +36,12 @@ else:  # pragma: no cover
 # validated whole whatever has been imported.
 PROFILE_SECTIONS: dict[str, Section] = {
     "run": RUN_SECTION, "hosts": HOSTS_SECTION, "cloud": CLOUD_SECTION, "cluster": CLUSTER_SECTION,
-    "alerts": ALERTS_SECTION, "sweep": SWEEP_SECTION, "ui": UI_SECTION,
+    "alerts": ALERTS_SECTION, "sweep": SWEEP_SECTION, "ui": UI_SECTION, "free": FREE_SECTION,
 }
 # ... and the dataclass that declares each (its `key` fields generated the Section).
 DECLARED_BY: dict[str, type] = {
     "run": RunConfig, "hosts": HostSpec, "cloud": CloudSettings, "cluster": ClusterSettings,
-    "alerts": AlertSettings, "sweep": SweepSpec, "ui": UiSettings,
+    "alerts": AlertSettings, "sweep": SweepSpec, "ui": UiSettings, "free": FreeRule,
 }
 
 

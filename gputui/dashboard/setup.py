@@ -178,5 +178,5 @@ class Backend:
 
 
 def check_options(options: DashboardOptions) -> None:
-    if not 1 <= options.sim_hosts <= 64 or not 0 <= options.sim_gpus <= 16:
-        raise UserError("the demo simulates 1 to 64 hosts of 0 to 16 GPUs")
+    if not 1 <= options.sim_hosts <= 1024 or not 0 <= options.sim_gpus <= 16:
+        raise UserError("the demo simulates 1 to 1024 hosts of 0 to 16 GPUs")

@@ -165,12 +165,13 @@ def duration(seconds: float | int | None, style: DurationStyle = "short") -> str
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def plural(n: int, noun: str, many: str | None = None) -> str:
+def plural(n: int, noun: str, many: str | None = None, thousands: bool = False) -> str:
     """`n` and its noun, singular for exactly one: "1 epoch", "2 epochs", "0 processes" (the one
-    place plurals are made: never "epoch(s)")."""
+    place plurals are made: never "epoch(s)"); `thousands`: "2,048 GPUs"."""
+    count = f"{n:,}" if thousands else str(n)
     if n == 1:
-        return f"{n} {noun}"
-    return f"{n} {many or _many(noun)}"
+        return f"{count} {noun}"
+    return f"{count} {many or _many(noun)}"
 
 
 def _many(noun: str) -> str:

@@ -19,6 +19,16 @@ MEM_TOTAL_MIB = 81920.0
 POWER_IDLE_W, POWER_LIMIT_W = 55.0, 400.0
 AMBIENT_C = 30.0
 THERMAL_SLOWDOWN_C = 72.0
+# The lab's accounts: host i's GPUs run the jobs of one or two of them (no random draw: the
+# seeded readings stay what they were).
+ACCOUNTS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory")
+
+
+def account(host: int, gpu: int, gpus: int) -> str:
+    """Who runs the job on a simulated GPU: one account per host, two on every third host
+    (its upper half of GPUs goes to the next account)."""
+    second = host % 3 == 2 and gpu >= max(1, gpus // 2)
+    return ACCOUNTS[(host * 7 + int(second)) % len(ACCOUNTS)]
 
 
 @dataclass
@@ -38,6 +48,7 @@ class _Host:
     forced: bool | None = None  # set_active() overrides the schedule
     mem_total: float = 515_000.0
     pids: list[int] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)  # the account of each GPU's job
     run_started: float = 0.0  # when the current run began (its processes' age)
     killed: set[int] = field(default_factory=set)  # pids signalled through kill(): gone until the next run
 
@@ -55,6 +66,8 @@ class SimSource:
             host.active = self._rng.random() < 0.5
             host.steps_left = self._rng.randint(5, 40)
             host.pids = [self._rng.randint(2000, 60000) for _ in range(gpus)]
+        for i, host in enumerate(self._hosts):
+            host.users = [account(i, g, gpus) for g in range(gpus)]
 
     def set_active(self, host: int, active: bool | None) -> None:
         """Force a host's run on or off (None: back to the seeded schedule)."""
@@ -90,7 +103,7 @@ class SimSource:
         if active and (not was_active or not host.run_started):
             host.run_started, host.killed = now, set()  # a new run: new processes
         samples = tuple(self._gpu_step(index, gpu, active and host.pids[index] not in host.killed, host.pids[index],
-                                       now - host.run_started) for index, gpu in enumerate(host.gpus))
+                                       now - host.run_started, host.users[index]) for index, gpu in enumerate(host.gpus))
         cpu = (35.0 + 20.0 * rng.random()) if active else (1.0 + 4.0 * rng.random())
         mem_used = (48_000.0 if active else 9_000.0) + 2_000.0 * rng.random()
         return HostSnapshot(
@@ -108,7 +121,7 @@ class SimSource:
             driver="550.90.07 (simulated)",
         )
 
-    def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int, running_s: float) -> GpuSample:
+    def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int, running_s: float, user: str) -> GpuSample:
         rng = self._rng
         target = (90.0 + 9.0 * rng.random()) if active else 2.0 * rng.random()
         gpu.util += (target - gpu.util) * 0.5
@@ -118,7 +131,7 @@ class SimSource:
         gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
         gpu.temperature += (AMBIENT_C + 0.11 * gpu.power - gpu.temperature) * 0.15  # follows power, lagging
         busy = gpu.util > 5.0
-        processes = (GpuProcess(pid=pid, name="python -m gputui run", user="gputui", gpu_memory_mib=round(gpu.mem_used - 4.0),
+        processes = (GpuProcess(pid=pid, name="python -m gputui run", user=user, gpu_memory_mib=round(gpu.mem_used - 4.0),
                                 sm_pct=round(gpu.util), cpu_pct=round(90.0 + gpu.util / 10.0, 1), rss_mib=3100.0 + 16 * index,
                                 running_s=round(max(0.0, running_s), 1)),) if active else ()
         if not busy:

@@ -1,0 +1,355 @@
+"""A whole lab at a glance: which GPUs are free, who holds the others, one line per host.
+
+The data layer of the lab view (`gputui monitor` when the GPUs do not fit, the dashboard's
+hosts panel), of `gputui monitor --free` and `--users`. No UI here: frozen records built from
+polling rounds, the rule that says "free" (the profile's `[free]` table, `FreeRule`), sorting
+and filtering, and the per-account totals, GPU-hours included, that only a sequence of polls
+can give (`Lab`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+from gputui.config.free import FreeRule
+from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
+
+UNKNOWN_USER = "n/a"  # the account of a process whose owner the host did not say
+MAX_CREDIT_S = 300.0  # a host silent longer than this between two polls is credited this much at most
+SORT_KEYS = ("name", "util", "free", "memory")
+
+
+def is_free(gpu: GpuSample, rule: FreeRule) -> bool:
+    """Whether a GPU is free by `rule` (see FreeRule: a missing figure is not held against it,
+    but a GPU with neither utilisation nor memory known is never free)."""
+    if gpu.processes and not rule.allow_processes:
+        return False
+    util, mem = gpu.util_pct, gpu.mem_used_mib
+    if util is None and mem is None:
+        return False
+    return (util is None or util <= rule.max_util_pct) and (mem is None or mem <= rule.max_memory_mib)
+
+
+class GpuCell(NamedTuple):
+    """One GPU of a host line: what its cell in the strip shows (a tuple: 2,048 a round)."""
+
+    index: int
+    util_pct: float | None
+    mem_pct: float | None
+    free: bool
+    held: bool  # a compute process runs on it
+
+
+@dataclass(frozen=True)
+class HostLine:
+    """One host of the lab view. An unreachable host keeps the GPU count it had when last seen."""
+
+    name: str
+    state: HostState
+    message: str | None
+    gpus: int
+    cells: tuple[GpuCell, ...] = ()
+    free: int = 0
+    util_pct: float | None = None  # the mean of the GPUs that say
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    top_user: str | None = None  # the account holding the most GPU memory here
+    top_user_mib: float | None = None
+    users: frozenset[str] = frozenset()
+
+    @property
+    def reachable(self) -> bool:
+        return self.state.worked
+
+    @property
+    def busy(self) -> int:
+        return self.gpus - self.free if self.reachable else 0
+
+    @property
+    def mem_pct(self) -> float | None:
+        if self.mem_used_mib is None or not self.mem_total_mib:
+            return None
+        return 100.0 * self.mem_used_mib / self.mem_total_mib
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def memory_by_user(gpus: Iterable[GpuSample]) -> dict[str, float]:
+    """GPU memory per account over these GPUs (a process of unknown size counts 0 MiB)."""
+    out: dict[str, float] = {}
+    for gpu in gpus:
+        for p in gpu.processes:
+            user = p.user or UNKNOWN_USER
+            out[user] = out.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
+    return out
+
+
+def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLine:
+    """The lab view's line of one host snapshot; `known_gpus`: its GPU count when last seen."""
+    if not host.state.worked:
+        return HostLine(host.name, host.state, host.message, max(known_gpus, len(host.gpus)))
+    cells = tuple(GpuCell(g.index, g.util_pct, g.mem_pct, is_free(g, rule), bool(g.processes)) for g in host.gpus)
+    utils = [g.util_pct for g in host.gpus if g.util_pct is not None]
+    by_user = memory_by_user(host.gpus)
+    top = max(by_user.items(), key=lambda kv: (kv[1], kv[0]), default=None)
+    return HostLine(
+        host.name, host.state, host.message, len(host.gpus), cells, sum(c.free for c in cells),
+        sum(utils) / len(utils) if utils else None,
+        _sum(g.mem_used_mib for g in host.gpus), _sum(g.mem_total_mib for g in host.gpus),
+        top[0] if top else None, top[1] if top else None, frozenset(by_user),
+    )
+
+
+@dataclass(frozen=True)
+class FleetTotals:
+    """The fleet in one line: GPUs free, busy and on unreachable hosts."""
+
+    hosts: int = 0
+    gpus: int = 0
+    free: int = 0
+    busy: int = 0
+    unreachable: int = 0  # GPUs of hosts that do not answer (as many as when last seen)
+    hosts_with_free: int = 0
+    hosts_unreachable: int = 0
+    hosts_never_seen: int = 0  # unreachable since the start: their GPUs are not counted
+
+    def line(self) -> str:
+        """"37 of 2,048 GPUs free on 9 hosts; 1,611 busy; 400 unreachable"."""
+        from gputui.model.units import plural
+
+        text = (f"{self.free:,} of {plural(self.gpus, 'GPU', thousands=True)} free on "
+                f"{plural(self.hosts_with_free, 'host', thousands=True)}; {self.busy:,} busy")
+        if self.hosts_unreachable:
+            text += f"; {self.unreachable:,} unreachable"
+        if self.hosts_never_seen:
+            text += f" ({plural(self.hosts_never_seen, 'host', thousands=True)} not reached yet)"
+        return text
+
+
+def totals(lines: Sequence[HostLine], never_seen: int = 0) -> FleetTotals:
+    """The totals of these host lines (`never_seen`: how many of the unreachable ones never answered)."""
+    reach = [ln for ln in lines if ln.reachable]
+    down = [ln for ln in lines if not ln.reachable]
+    return FleetTotals(
+        hosts=len(lines), gpus=sum(ln.gpus for ln in lines), free=sum(ln.free for ln in reach),
+        busy=sum(ln.busy for ln in reach), unreachable=sum(ln.gpus for ln in down),
+        hosts_with_free=sum(1 for ln in reach if ln.free), hosts_unreachable=len(down), hosts_never_seen=never_seen,
+    )
+
+
+# -- sorting and filtering ---------------------------------------------------------------------
+
+
+def sort_lines(lines: Iterable[HostLine], key: str = "name", reverse: bool = False) -> list[HostLine]:
+    """Hosts by name (A-Z), utilisation (busiest first), free GPUs (most first) or memory in use
+    (most first); unreachable hosts last whatever the key, ties by name."""
+    if key not in SORT_KEYS:
+        raise ValueError(f"sort key {key!r}: expected one of {', '.join(SORT_KEYS)}")
+
+    def number(line: HostLine) -> float:
+        value = {"util": line.util_pct, "free": float(line.free), "memory": line.mem_used_mib}.get(key)
+        return -(value if value is not None else -1.0)
+
+    ordered = sorted(lines, key=lambda ln: ln.name)
+    if key != "name":
+        ordered.sort(key=number)
+    if reverse:
+        ordered.reverse()
+    ordered.sort(key=lambda ln: not ln.reachable)  # stable: the order above within each part
+    return ordered
+
+
+@dataclass(frozen=True)
+class LabFilter:
+    """What `/` keeps: words of a host's name, `user:NAME` (a host where that account runs a
+    process), `free` (a host with a free GPU), `down` (a host that does not answer); all must hold."""
+
+    words: tuple[str, ...] = ()
+    user: str | None = None
+    free: bool = False
+    down: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "LabFilter":
+        words: list[str] = []
+        user = None
+        free = down = False
+        for token in text.split():
+            low = token.lower()
+            if low.startswith("user:") and len(token) > 5:
+                user = token[5:]
+            elif low == "free":
+                free = True
+            elif low in ("down", "unreachable"):
+                down = True
+            else:
+                words.append(low)
+        return cls(tuple(words), user, free, down)
+
+    def __str__(self) -> str:
+        parts = list(self.words) + ([f"user:{self.user}"] if self.user else []) + (["free"] if self.free else [])
+        return " ".join(parts + (["down"] if self.down else []))
+
+    def keeps(self, line: HostLine) -> bool:
+        if self.free and not line.free:
+            return False
+        if self.down and line.reachable:
+            return False
+        if self.user is not None and self.user not in line.users:
+            return False
+        name = line.name.lower()
+        return all(word in name for word in self.words)
+
+
+def filter_lines(lines: Iterable[HostLine], wanted: LabFilter) -> list[HostLine]:
+    return [ln for ln in lines if wanted.keeps(ln)]
+
+
+# -- free GPUs for scripts -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FreeGpu:
+    host: str
+    kind: str  # local, ssh, sim, replay
+    gpu: GpuSample
+
+    @property
+    def label(self) -> str:
+        """"HOST:INDEX"."""
+        return f"{self.host}:{self.gpu.index}"
+
+
+def free_gpus(hosts: Iterable[HostSnapshot], rule: FreeRule, min_free_mib: float | None = None) -> list[FreeGpu]:
+    """Every free GPU of these hosts, least used first (memory in use, utilisation, host, index);
+    with `min_free_mib`, only those with at least that much memory free (known)."""
+    found: list[FreeGpu] = []
+    for host in hosts:
+        if not host.state.worked:
+            continue
+        for gpu in host.gpus:
+            if not is_free(gpu, rule):
+                continue
+            if min_free_mib is not None:
+                if gpu.mem_total_mib is None or gpu.mem_total_mib - (gpu.mem_used_mib or 0.0) < min_free_mib:
+                    continue
+            found.append(FreeGpu(host.name, host.kind, gpu))
+
+    def load(f: FreeGpu) -> tuple[float, float, str, int]:
+        g = f.gpu
+        return (g.mem_used_mib if g.mem_used_mib is not None else float("inf"),
+                g.util_pct if g.util_pct is not None else float("inf"), f.host, g.index)
+
+    return sorted(found, key=load)
+
+
+# -- who holds what ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserTotal:
+    """One account across the fleet: GPUs it runs a process on now, their memory, GPU-hours today."""
+
+    user: str
+    gpus: int
+    memory_mib: float
+    gpu_hours: float
+    hosts: int
+    processes: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"user": self.user, "gpus": self.gpus, "memory_mib": round(self.memory_mib, 1),
+                "gpu_hours_today": round(self.gpu_hours, 4), "hosts": self.hosts, "processes": self.processes}
+
+
+def held_now(hosts: Iterable[HostSnapshot]) -> dict[str, tuple[int, float, int, int]]:
+    """Per account: (GPUs held, GPU memory MiB, hosts, processes) in this round. A GPU counts
+    once for each account with a process on it."""
+    gpus: dict[str, int] = {}
+    memory: dict[str, float] = {}
+    procs: dict[str, int] = {}
+    hosts_of: dict[str, set[str]] = {}
+    for host in hosts:
+        if not host.state.worked:
+            continue
+        for gpu in host.gpus:
+            users = set()
+            for p in gpu.processes:
+                user = p.user or UNKNOWN_USER
+                users.add(user)
+                memory[user] = memory.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
+                procs[user] = procs.get(user, 0) + 1
+            for user in users:
+                gpus[user] = gpus.get(user, 0) + 1
+                hosts_of.setdefault(user, set()).add(host.name)
+    return {u: (gpus[u], memory.get(u, 0.0), len(hosts_of[u]), procs.get(u, 0)) for u in gpus}
+
+
+@dataclass(frozen=True)
+class LabFrame:
+    """One round of the lab: every host's line (in the round's order), the totals, the accounts
+    (most GPU memory first)."""
+
+    time: float
+    lines: tuple[HostLine, ...]
+    totals: FleetTotals
+    users: tuple[UserTotal, ...] = ()
+
+
+def _day(when: float) -> tuple[int, int, int]:
+    t = time.localtime(when)
+    return (t.tm_year, t.tm_mon, t.tm_mday)
+
+
+@dataclass
+class Lab:
+    """Rounds in, lab frames out. Remembers each host's GPU count (an unreachable host's GPUs
+    still count) and credits each account GPU-hours between two polls of a host (at most
+    MAX_CREDIT_S for one gap), from local midnight on. Fed from one thread."""
+
+    rule: FreeRule = field(default_factory=FreeRule)
+    clock: Callable[[], float] = time.time
+    _known: dict[str, int] = field(default_factory=dict)
+    _seen: set[str] = field(default_factory=set)
+    _last_poll: dict[str, float] = field(default_factory=dict)
+    _hours: dict[str, float] = field(default_factory=dict)
+    _day: tuple[int, int, int] | None = None
+
+    def update(self, hosts: Sequence[HostSnapshot], now: float | None = None) -> LabFrame:
+        now = self.clock() if now is None else now
+        day = _day(now)
+        if day != self._day:
+            self._day, self._hours = day, {}
+        lines = []
+        for host in hosts:
+            if host.state.worked:
+                self._known[host.name] = len(host.gpus)
+                self._seen.add(host.name)
+                self._credit(host, now)
+            lines.append(host_line(host, self.rule, self._known.get(host.name, 0)))
+        never = sum(1 for h in hosts if not h.state.worked and h.name not in self._seen)
+        held = held_now(hosts)
+        users = [UserTotal(u, g, m, self._hours.get(u, 0.0), n, p) for u, (g, m, n, p) in held.items()]
+        users += [UserTotal(u, 0, 0.0, h, 0, 0) for u, h in self._hours.items() if u not in held]
+        users.sort(key=lambda t: (-t.memory_mib, -t.gpus, -t.gpu_hours, t.user))
+        return LabFrame(now, tuple(lines), totals(lines, never), tuple(users))
+
+    def _credit(self, host: HostSnapshot, now: float) -> None:
+        """GPU-hours for the accounts holding this host's GPUs since its previous poll (a
+        snapshot seen again, unchanged, adds nothing)."""
+        taken = host.time
+        before = self._last_poll.get(host.name)
+        self._last_poll[host.name] = taken
+        if before is None or taken <= before:
+            return
+        if _day(before) != _day(taken):
+            before = max(before, time.mktime((*_day(taken), 0, 0, 0, 0, 0, -1)))
+        span = min(taken - before, MAX_CREDIT_S) / 3600.0
+        for gpu in host.gpus:
+            for user in {p.user or UNKNOWN_USER for p in gpu.processes}:
+                self._hours[user] = self._hours.get(user, 0.0) + span
