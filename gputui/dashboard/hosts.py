@@ -10,7 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from gputui.model.telemetry import HostSnapshot, TelemetryHistory
+from gputui.config.free import FreeRule
+from gputui.model.telemetry import HostSnapshot
+from gputui.monitor.lab import Lab, LabFrame
 
 SPARK_LEN = 60  # samples of utilisation kept per GPU for the sparklines
 ENERGY_FLUSH_S = 60.0  # how often metered local GPU energy is written to the ledger
@@ -18,12 +20,14 @@ ENERGY_FLUSH_S = 60.0  # how often metered local GPU energy is written to the le
 
 @dataclass(frozen=True)
 class HostsFrame:
-    """One round: every host's snapshot and, per (host, GPU index), utilisation oldest first."""
+    """One round: every host's snapshot, per (host, GPU index) utilisation oldest first, and the
+    round's lab (host lines, fleet totals, accounts)."""
 
     time: float
     hosts: tuple[HostSnapshot, ...]
     util: Mapping[tuple[str, int], tuple[float | None, ...]] = field(default_factory=dict)
     duration_s: float = 0.0
+    lab: LabFrame | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -34,10 +38,14 @@ class HostFeed:
     """Polls a telemetry source (Telemetry, SimSource, ReplaySource) and keeps the histories."""
 
     def __init__(self, source: Any, clock: Callable[[], float] = time.time, spark_len: int = SPARK_LEN,
-                 meter: Any = None) -> None:
+                 meter: Any = None, rule: FreeRule | None = None) -> None:
         self.source = source
         self.clock = clock
-        self.history = TelemetryHistory(maxlen=spark_len)
+        self.spark_len = spark_len
+        # Each GPU's utilisation, oldest first: a tuple replaced each round, so a frame shares it
+        # as it is (2,048 GPUs cost a tuple each, not a copy of every history).
+        self._util: dict[tuple[str, int], tuple[float | None, ...]] = {}
+        self.lab = Lab(rule or FreeRule(), clock)
         self.meter = meter  # a gputui.cloud.energy.EnergyMeter when the profile prices electricity
         self._flushed = clock()
         self.process_sm = False  # wanted: each process's SM % (while the process table is open)
@@ -58,15 +66,21 @@ class HostFeed:
                 tell(wanted)
             self._process_sm = wanted
         hosts = poll_round(self.source)
-        self.history.update(hosts)
+        keep = self.spark_len - 1
+        known = self._util  # a host that does not answer keeps its GPUs' histories for its return
+        util: dict[tuple[str, int], tuple[float | None, ...]] = {}
+        for host in hosts:
+            for gpu in host.gpus:
+                key = (host.name, gpu.index)
+                util[key] = known[key] = (known.get(key, ())[-keep:] if keep > 0 else ()) + (gpu.util_pct,)
         if self.meter is not None:
             for host in hosts:
                 self.meter.add_snapshot(host)
             if self.clock() - self._flushed >= ENERGY_FLUSH_S:
                 self._flush(final=False)
-        util = {(h.name, g.index): tuple(self.history.gpu(h.name, g.index, "util_pct").values())
-                for h in hosts for g in h.gpus}
-        return HostsFrame(self.clock(), tuple(hosts), util, time.monotonic() - started)
+        now = self.clock()
+        lab = self.lab.update(hosts, now)
+        return HostsFrame(now, tuple(hosts), util, time.monotonic() - started, lab)
 
     def training(self, active: bool) -> None:
         """Tell a simulation whether our run is active (its first host then works hard)."""

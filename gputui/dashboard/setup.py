@@ -118,7 +118,18 @@ class Backend:
             from gputui.monitor.polling import TelemetryRequest, build_source
 
             source = build_source(TelemetryRequest(profile=o.profile))
-        return HostFeed(source, clock=self.clock, meter=self.energy_meter())
+        return HostFeed(source, clock=self.clock, meter=self.energy_meter(), rule=self.free_rule())
+
+    def free_rule(self) -> Any:
+        """The profile's [free] rule (the defaults where the profile cannot be read: the run says why)."""
+        from gputui.config.profile import load_profile
+        from gputui.model.errors import GputuiError
+        from gputui.monitor.lab import free_rule
+
+        try:
+            return free_rule(load_profile(self.profile))
+        except GputuiError:
+            return free_rule(None)
 
     def energy_meter(self) -> Any:
         """Meters this machine's GPU energy into the ledger when [cloud] sets kwh_price; else None."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from gputui.config.free import FreeRule
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
@@ -19,6 +19,12 @@ from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
 UNKNOWN_USER = "n/a"  # the account of a process whose owner the host did not say
 MAX_CREDIT_S = 300.0  # a host silent longer than this between two polls is credited this much at most
 SORT_KEYS = ("name", "util", "free", "memory")
+
+
+def free_rule(profile: Any | None) -> FreeRule:
+    """The profile's `[free]` table (the defaults without one, or without a profile)."""
+    table = getattr(profile, "tables", {}).get("free") if profile is not None else None
+    return FreeRule() if table is None else FreeRule.from_table(table)
 
 
 def is_free(gpu: GpuSample, rule: FreeRule) -> bool:
