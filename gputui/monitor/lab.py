@@ -242,7 +242,7 @@ def free_gpus(hosts: Iterable[HostSnapshot], rule: FreeRule, min_free_mib: float
             if not is_free(gpu, rule):
                 continue
             if min_free_mib is not None:
-                if gpu.mem_total_mib is None or gpu.mem_total_mib - (gpu.mem_used_mib or 0.0) < min_free_mib:
+                if gpu.mem_total_mib is None or gpu.mem_used_mib is None or gpu.mem_total_mib - gpu.mem_used_mib < min_free_mib:
                     continue
             found.append(FreeGpu(host.name, host.kind, gpu))
 

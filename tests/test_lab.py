@@ -1,0 +1,150 @@
+"""The lab view's data layer (gputui.monitor.lab): the free rule, host lines, fleet totals,
+sorting and filtering, free GPUs for scripts, and per-account totals with GPU-hours."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gputui.config.free import FREE_SECTION, FreeRule
+from gputui.config.profile import parse_profile
+from gputui.model.errors import UserError
+from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+from gputui.monitor.lab import (Lab, LabFilter, UNKNOWN_USER, filter_lines, free_gpus, free_rule, host_line, is_free,
+                                sort_lines)
+
+RULE = FreeRule()
+
+
+def gpu(index: int, util: float | None = 0.0, mem: float | None = 100.0, total: float | None = 81920.0,
+        procs: tuple[tuple[str | None, float | None], ...] = ()) -> GpuSample:
+    processes = tuple(GpuProcess(1000 + index * 10 + n, "python train.py", user, m) for n, (user, m) in enumerate(procs))
+    return GpuSample(index, name="H100", util_pct=util, mem_used_mib=mem, mem_total_mib=total, processes=processes)
+
+
+def host(name: str, *gpus: GpuSample, state: HostState = HostState.OK, at: float = 1000.0,
+         message: str | None = None) -> HostSnapshot:
+    return HostSnapshot(name, state, at, kind="ssh", gpus=gpus, message=message)
+
+
+def test_a_gpu_is_free_only_without_processes_and_below_both_thresholds() -> None:
+    assert is_free(gpu(0, util=10.0, mem=1024.0), RULE)  # the thresholds themselves are free
+    assert not is_free(gpu(0, util=10.5), RULE)
+    assert not is_free(gpu(0, mem=1025.0), RULE)
+    assert not is_free(gpu(0, procs=(("alice", 10.0),)), RULE)  # a process, however small
+    assert is_free(gpu(0, procs=(("alice", 10.0),)), FreeRule(allow_processes=True))
+    assert is_free(gpu(0, util=None), RULE) and is_free(gpu(0, mem=None), RULE)  # n/a is not held against it
+    assert not is_free(gpu(0, util=None, mem=None), RULE)  # but nothing known is never free
+
+
+def test_the_free_table_is_read_from_the_profile_and_checked() -> None:
+    profile = parse_profile("[free]\nmax_util_pct = 2.5\nmax_memory_mib = 300\nallow_processes = true\n")
+    assert free_rule(profile) == FreeRule(2.5, 300.0, True)
+    assert free_rule(parse_profile("")) == FreeRule() == free_rule(None)
+    with pytest.raises(UserError, match="max_util_pct"):
+        parse_profile("[free]\nmax_util_pct = 120\n")
+    with pytest.raises(UserError, match="unknown"):
+        parse_profile("[free]\nmax_util = 1\n")
+    assert set(FREE_SECTION.fields) == {"max_util_pct", "max_memory_mib", "allow_processes"}
+
+
+def test_a_host_line_counts_free_gpus_and_names_the_top_account() -> None:
+    line = host_line(host("a", gpu(0), gpu(1, 95.0, 60000.0, procs=(("bob", 30000.0), ("alice", 20000.0))),
+                          gpu(2, 90.0, 50000.0, procs=(("alice", 25000.0),)), gpu(3, None, None)), RULE)
+    assert (line.gpus, line.free, line.busy) == (4, 1, 3)
+    assert (line.top_user, line.top_user_mib) == ("alice", 45000.0)  # 20,000 + 25,000 over bob's 30,000
+    assert line.users == {"alice", "bob"}
+    assert [c.free for c in line.cells] == [True, False, False, False]
+    assert line.util_pct == pytest.approx((0.0 + 95.0 + 90.0) / 3)  # the GPU with n/a is left out
+    assert line.mem_used_mib == 100.0 + 60000.0 + 50000.0
+
+
+def test_the_fleet_line_counts_unreachable_hosts_gpus_as_last_seen() -> None:
+    lab = Lab(RULE)
+    lab.update([host("a", gpu(0), gpu(1, 90.0)), host("b", *(gpu(i) for i in range(8))),
+                host("c", state=HostState.UNREACHABLE, message="connection refused")])
+    frame = lab.update([host("a", gpu(0), gpu(1, 90.0)), host("b", state=HostState.UNREACHABLE, message="timed out"),
+                        host("c", state=HostState.UNREACHABLE, message="connection refused")])
+    t = frame.totals
+    assert (t.hosts, t.gpus, t.free, t.busy, t.unreachable) == (3, 10, 1, 1, 8)
+    assert t.line() == "1 of 10 GPUs free on 1 host; 1 busy; 8 unreachable (1 host not reached yet)"
+    assert frame.lines[1].gpus == 8 and not frame.lines[1].reachable and frame.lines[1].message == "timed out"
+
+
+def test_the_fleet_line_at_lab_scale_uses_thousands_separators() -> None:
+    rounds = [host(f"h{i:03d}", *(gpu(g, 90.0 if (i + g) % 7 else 0.0, procs=(("u", 1.0),) if (i + g) % 7 else ())
+                                  for g in range(8))) for i in range(256)]
+    line = Lab(RULE).update(rounds).totals.line()
+    free = sum(1 for i in range(256) for g in range(8) if not (i + g) % 7)
+    assert line == f"{free} of 2,048 GPUs free on 256 hosts; {2048 - free:,} busy"
+
+
+def test_sorting_puts_unreachable_hosts_last_whatever_the_key() -> None:
+    lines = [host_line(h, RULE) for h in (
+        host("b", gpu(0, 50.0, 2000.0), gpu(1)), host("a", gpu(0, 90.0, 9000.0), gpu(1, 80.0, 5000.0)),
+        host("down", state=HostState.UNREACHABLE), host("c", gpu(0), gpu(1)))]
+    assert [ln.name for ln in sort_lines(lines, "name")] == ["a", "b", "c", "down"]
+    assert [ln.name for ln in sort_lines(lines, "util")] == ["a", "b", "c", "down"]
+    assert [ln.name for ln in sort_lines(lines, "free")] == ["c", "b", "a", "down"]
+    assert [ln.name for ln in sort_lines(lines, "memory")] == ["a", "b", "c", "down"]
+    assert [ln.name for ln in sort_lines(lines, "memory", reverse=True)] == ["c", "b", "a", "down"]
+    with pytest.raises(ValueError, match="sort key"):
+        sort_lines(lines, "colour")
+
+
+def test_the_filter_keeps_hosts_by_name_account_free_gpus_and_state() -> None:
+    lines = [host_line(h, RULE) for h in (
+        host("gpu-a1", gpu(0, 90.0, procs=(("alice", 1.0),)), gpu(1)), host("gpu-b2", gpu(0, 90.0, procs=(("bob", 1.0),))),
+        host("cpu-a3", state=HostState.UNREACHABLE))]
+
+    def kept(text: str) -> list[str]:
+        return [ln.name for ln in filter_lines(lines, LabFilter.parse(text))]
+
+    assert kept("") == ["gpu-a1", "gpu-b2", "cpu-a3"]
+    assert kept("user:bob") == ["gpu-b2"]
+    assert kept("free") == ["gpu-a1"]
+    assert kept("A") == ["gpu-a1", "cpu-a3"]  # part of the name, any case
+    assert kept("gpu user:alice free") == ["gpu-a1"]  # every part holds
+    assert kept("down") == ["cpu-a3"]
+    assert str(LabFilter.parse("gpu user:bob free")) == "gpu user:bob free"
+
+
+def test_free_gpus_are_least_used_first_and_meet_the_memory_asked() -> None:
+    hosts = [host("b", gpu(0, 3.0, 500.0), gpu(1, 0.0, 500.0), gpu(2, 90.0, 70000.0, procs=(("x", 1.0),))),
+             host("a", gpu(0, 0.0, 20.0, total=16384.0), gpu(1, 1.0, None)),
+             host("down", state=HostState.UNREACHABLE)]
+    assert [f.label for f in free_gpus(hosts, RULE)] == ["a:0", "b:1", "b:0", "a:1"]  # n/a memory last
+    assert [f.label for f in free_gpus(hosts, RULE, min_free_mib=20 * 1024)] == ["b:1", "b:0"]  # a:0 has 16 GiB
+
+
+def test_gpu_hours_accumulate_per_account_between_polls_of_a_host() -> None:
+    lab = Lab(RULE)
+    start = time.mktime((2026, 11, 27, 9, 0, 0, 0, 0, -1))
+
+    def round_at(t: float) -> list[HostSnapshot]:
+        return [host("a", gpu(0, 90.0, procs=(("alice", 10.0), ("alice", 5.0))), gpu(1, 90.0, procs=(("bob", 7.0),)),
+                     gpu(2, 90.0, procs=((None, 3.0),)), at=t)]
+
+    lab.update(round_at(start), start)
+    lab.update(round_at(start + 1800), start + 1800)  # capped: at most MAX_CREDIT_S of a gap counts
+    frame = lab.update(round_at(start + 1860), start + 1860)
+    users = {u.user: u for u in frame.users}
+    assert set(users) == {"alice", "bob", UNKNOWN_USER}
+    assert users["alice"].gpus == 1 and users["alice"].processes == 2 and users["alice"].memory_mib == 15.0
+    assert users["alice"].gpu_hours == pytest.approx((300 + 60) / 3600)  # one GPU, two processes: counted once
+    assert users["bob"].gpu_hours == pytest.approx(360 / 3600)
+    again = lab.update(round_at(start + 1860), start + 1870)  # the same snapshot again: nothing more
+    assert {u.user: u.gpu_hours for u in again.users} == {u.user: u.gpu_hours for u in frame.users}
+    idle = lab.update([host("a", gpu(0), gpu(1), gpu(2), at=start + 1920)], start + 1920)
+    assert {u.user: (u.gpus, u.gpu_hours > 0) for u in idle.users} == {"alice": (0, True), "bob": (0, True),
+                                                                       UNKNOWN_USER: (0, True)}
+
+
+def test_gpu_hours_start_again_at_local_midnight() -> None:
+    lab = Lab(RULE)
+    late = time.mktime((2026, 11, 27, 23, 59, 0, 0, 0, -1))
+    busy = (gpu(0, 90.0, procs=(("alice", 10.0),)),)
+    lab.update([host("a", *busy, at=late)], late)
+    frame = lab.update([host("a", *busy, at=late + 120)], late + 120)  # 00:01 the next day
+    assert frame.users[0].gpu_hours == pytest.approx(60 / 3600)  # only the minute after midnight
