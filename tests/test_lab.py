@@ -148,3 +148,18 @@ def test_gpu_hours_start_again_at_local_midnight() -> None:
     lab.update([host("a", *busy, at=late)], late)
     frame = lab.update([host("a", *busy, at=late + 120)], late + 120)  # 00:01 the next day
     assert frame.users[0].gpu_hours == pytest.approx(60 / 3600)  # only the minute after midnight
+
+
+def test_the_simulation_builds_the_same_samples_as_the_dataclasses_do() -> None:
+    from dataclasses import fields
+
+    from gputui.sources.sim import SimSource
+
+    hosts = SimSource(hosts=6, gpus=4, seed=3, clock=lambda: 1000.0).poll()
+    samples = [g for h in hosts for g in h.gpus]
+    assert any(g.processes for g in samples) and any(not g.processes for g in samples)
+    for g in samples:  # every field set, to what the generated __init__ gives
+        assert GpuSample(**{f.name: getattr(g, f.name) for f in fields(GpuSample)}) == g
+        assert vars(g).keys() == {f.name for f in fields(GpuSample)}
+        for p in g.processes:
+            assert vars(p).keys() == {f.name for f in fields(GpuProcess)} and GpuProcess(**vars(p)) == p

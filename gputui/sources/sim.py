@@ -131,7 +131,7 @@ class SimSource:
         gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
         gpu.temperature += (AMBIENT_C + 0.11 * gpu.power - gpu.temperature) * 0.15  # follows power, lagging
         busy = gpu.util > 5.0
-        processes = (GpuProcess(pid=pid, name="python -m gputui run", user=user, gpu_memory_mib=round(gpu.mem_used - 4.0),
+        processes = (GpuProcess.quick(pid=pid, name="python -m gputui run", user=user, gpu_memory_mib=round(gpu.mem_used - 4.0),
                                 sm_pct=round(gpu.util), cpu_pct=round(90.0 + gpu.util / 10.0, 1), rss_mib=3100.0 + 16 * index,
                                 running_s=round(max(0.0, running_s), 1)),) if active else ()
         if not busy:
@@ -142,7 +142,7 @@ class SimSource:
             throttle = ("sw-thermal",)
         else:
             throttle = ()
-        return GpuSample(
+        return GpuSample.quick(
             index=index,
             name=GPU_NAME,
             uuid=f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}",
