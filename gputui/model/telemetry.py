@@ -101,7 +101,7 @@ class GpuProcess:
     started: float | None = None  # when it started (epoch s, psutil's create_time; local only): a reused pid differs
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dict(self.__dict__)  # its fields, in their order (a frozen dataclass's __dict__ holds nothing else)
 
     @classmethod
     def quick(cls, **values: Any) -> "GpuProcess":
@@ -179,7 +179,7 @@ class GpuSample:
         return 100.0 * self.mem_used_mib / self.mem_total_mib
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("processes", "throttle")}
+        out = dict(self.__dict__)  # its fields, in their order
         out["processes"] = [p.to_dict() for p in self.processes]
         out["throttle"] = None if self.throttle is None else list(self.throttle)
         return out
