@@ -16,6 +16,7 @@ import pytest
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
+from gputui.sources import ssh as ssh_module
 from gputui.sources.ssh import SshHost, SshSource
 from tests.proc_support import wait_until
 from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, sshd_factory  # noqa: F401
@@ -256,7 +257,8 @@ def test_close_while_connecting_keeps_no_connection(sshd_factory: SshdFactory, a
     assert host.done.wait(5) and not host.connected
 
 
-def test_throttle_reasons_and_process_columns_over_ssh(sshd_factory: SshdFactory, tmp_path: Path) -> None:
+def test_throttle_reasons_and_process_columns_over_ssh(sshd_factory: SshdFactory, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     server = sshd_factory("r580-h100x8")
     old = sshd_factory("r470-k80-reasons")
     try:
@@ -267,10 +269,10 @@ def test_throttle_reasons_and_process_columns_over_ssh(sshd_factory: SshdFactory
         init = snap.gpus[0].processes[0]
         assert init.pid == 1 and init.user == "root" and init.rss_mib and init.running_s and init.cpu_pct is not None
         host.close()
-        calls: list[str] = []
+        calls: list[str] = []  # the requests on the host's poll channel
         k80 = SshHost(spec(sshd_factory, old.port), options(tmp_path, old))
-        real_run = k80.run
-        k80.run = lambda command, timeout=None: calls.append(command) or real_run(command, timeout)  # type: ignore[method-assign]
+        real_request = ssh_module.poll_request
+        monkeypatch.setattr(ssh_module, "poll_request", lambda *a: calls.append(real_request(*a).decode()) or real_request(*a))
         first = k80.poll_now()
         assert [g.throttle for g in first.gpus] == [("power-cap",), ("idle",)] and len(calls) == 2  # asked again once
         assert [g.throttle for g in k80.poll_now().gpus] == [("power-cap",), ("idle",)] and len(calls) == 3

@@ -72,34 +72,85 @@ def retry_fields(gpu_fields: tuple[str, ...], rejected: tuple[str, ...]) -> tupl
     return tuple(out)
 
 
-def remote_script(gpu_fields: tuple[str, ...]) -> str:
-    """The POSIX sh script one poll runs on a remote host."""
-    query = ",".join(gpu_fields)
-    apps = ",".join(APP_FIELDS)
-    return f"""export LC_ALL=C
-echo '@@gputui 1'
-read -r l < /proc/stat && echo "@@stat0 $l"
-echo '@@meminfo'
-while read -r k v _; do case $k in MemTotal:|MemAvailable:|MemFree:) echo "$k $v kB";; esac; done < /proc/meminfo
+# The poll as a shell function (one definition for both ways of running it): $1 is the
+# --query-gpu field list; $2, if set, seconds to wait before the last /proc/stat reading (while
+# the master has no CPU % of the host yet, one poll's own span must be long enough to tell one). The compute processes' pids are picked out with shell builtins only
+# (no sed, tr or pipeline), so a poll starts nvidia-smi twice and `ps` once, nothing else. It
+# writes in few pieces (few SSH packets for the master to take apart), but writes right after the
+# first nvidia-smi: if the channel is gone by then, the shell dies of SIGPIPE there and buffers
+# nothing more (the compute-apps answer is kept in the shell until it is printed).
+_POLL_FUNCTION = r"""export LC_ALL=C
+gputui_poll() {
+read -r l < /proc/stat
+o="@@gputui 1
+@@stat0 $l
+@@meminfo"
+while read -r k v _; do case $k in MemTotal:|MemAvailable:|MemFree:) o="$o
+$k $v kB";; esac; done < /proc/meminfo
 if ! command -v nvidia-smi >/dev/null 2>&1; then sleep 0.2 2>/dev/null || sleep 1
-  read -r l < /proc/stat && echo "@@stat1 $l"; echo '@@missing nvidia-smi'; exit 0; fi
-echo '@@gpu'
-nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1; printf '\\n@@rc %s\\n' $?
-echo '@@apps'
-a=$(nvidia-smi --query-compute-apps={apps} --format=csv,noheader,nounits 2>&1); r=$?
-printf '%s\\n@@rc %s\\n' "$a" $r
-echo '@@ps2'
-case $a in *[0-9]*) p=$(printf '%s\\n' "$a" | sed -n 's/^[^,]*, *\\([0-9][0-9]*\\) *,.*/\\1/p' | tr '\\n' ',');
-  [ -n "$p" ] && {{ ps -o pid=,user:32=,pcpu=,rss=,etimes=,args= -p "${{p%,}}" 2>/dev/null ||
-    {{ echo '@@ps'; ps -o pid=,user=,args= -p "${{p%,}}" 2>/dev/null; }}; }};; esac
-read -r l < /proc/stat && echo "@@stat1 $l"
-echo '@@end'
-"""
+  read -r l < /proc/stat; printf '%s\n@@stat1 %s\n@@missing nvidia-smi\n%s\n' "$o" "$l" "$3"; return 0; fi
+printf '%s\n@@gpu\n' "$o"
+nvidia-smi --query-gpu="$1" --format=csv,noheader,nounits 2>&1; printf '\n@@rc %s\n' $?
+a=$(nvidia-smi --query-compute-apps=APPS --format=csv,noheader,nounits 2>&1); r=$?
+p=
+case $a in *[0-9]*) while IFS=', ' read -r _ i _; do case $i in ''|*[!0-9]*) ;; *) p=$p$i,;; esac; done <<GPUTUI_EOF
+$a
+GPUTUI_EOF
+esac
+s=
+[ -n "$p" ] && { s=$(ps -o pid=,user:32=,pcpu=,rss=,etimes=,args= -p "${p%,}" 2>/dev/null) ||
+  s="@@ps
+$(ps -o pid=,user=,args= -p "${p%,}" 2>/dev/null)"; }
+[ -n "$2" ] && sleep "$2"
+read -r l < /proc/stat
+printf '@@apps\n%s\n@@rc %s\n@@ps2\n%s\n@@stat1 %s\n%s\n' "$a" $r "$s" "$l" "$3"
+}
+""".replace("APPS", ",".join(APP_FIELDS))
+_FIELD_LIST = re.compile(r"^[A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*$")
+
+
+def _query(gpu_fields: tuple[str, ...]) -> str:
+    query = ",".join(gpu_fields)
+    if not _FIELD_LIST.match(query):  # our own tables only; never text from elsewhere
+        raise ValueError(f"not a --query-gpu field list: {query!r}")
+    return query
+
+
+def remote_script(gpu_fields: tuple[str, ...]) -> str:
+    """The POSIX sh script one poll runs on a remote host (one command per poll)."""
+    return _POLL_FUNCTION + f"gputui_poll {shlex.quote(_query(gpu_fields))} '' @@end\n"
 
 
 def remote_command(gpu_fields: tuple[str, ...]) -> str:
     """The script wrapped for whatever login shell the remote user has (bash, zsh, fish...)."""
     return "sh -c " + shlex.quote(remote_script(gpu_fields))
+
+
+# The long-lived form: one `sh` per host that answers a request line `TOKEN FIELDS [WAIT]` with the
+# same report followed by `@@end TOKEN`, until its stdin closes. A request that is not a token
+# and a field list gets `@@bad` and no poll. The poll's commands read /dev/null, not the requests.
+_LOOP = r"""while read -r t q w; do
+case $t$q$w in *[!A-Za-z0-9_.,]*|'') printf '@@gputui 1\n@@bad request\n@@end %s\n' "$t";;
+*) gputui_poll "$q" "$w" "@@end $t" </dev/null;; esac
+done
+"""
+
+
+def remote_loop_command() -> str:
+    """The command of a host's long-lived poll channel (see poll_request)."""
+    return "sh -c " + shlex.quote(_POLL_FUNCTION + _LOOP)
+
+
+def poll_request(token: int, gpu_fields: tuple[str, ...], wait_s: float = 0.0) -> bytes:
+    """One request to the long-lived poll channel; the answer ends with end_marker(token).
+    With `wait_s`, the poll waits that long before its last /proc/stat reading."""
+    wait = f" {wait_s:.3f}" if wait_s > 0 else ""
+    return f"{token:d} {_query(gpu_fields)}{wait}\n".encode()
+
+
+def end_marker(token: int) -> bytes:
+    """The line that ends the answer to request `token` (with the newline before it)."""
+    return f"\n@@end {token:d}\n".encode()
 
 
 def parse_value(text: str) -> str | None:

@@ -1,22 +1,30 @@
 """Remote GPU hosts over SSH (paramiko, imported lazily): one persistent connection per host.
 
-Each poll runs one command (see gputui.sources.nvsmi) on the host's open connection. Hosts
-are polled concurrently, each in its own named daemon thread, and a round waits only for
-hosts that were connected, each bounded by its command timeout: a host that is connecting,
-backing off, slow or dead reports its current state and never delays the others. Polls of
-one host never overlap. Host keys are verified (see gputui.sources.hostkeys). Hosts behind a
-bastion (ProxyJump, `[[hosts]] proxy_jump`) or a ProxyCommand are reached through it (see
-gputui.sources.jump); a failed bastion is named in the host's state.
+Each host keeps one long-lived poll channel open on its connection: a small `sh` loop (see
+gputui.sources.nvsmi) that answers each request line with one report, so a poll is one write
+and one read, with no new channel, login shell or `sh` on the host. Rounds are bounded: the
+blocking steps (connecting, opening the channel, sending) run in two small pools of named
+workers (see gputui.sources.sshloop: connects apart, so a dead host's connect never holds up
+a connected host's poll), and one reader thread reads every host's answer as it comes, each
+bounded in bytes, line length and time. A round waits only for hosts that were connected: a
+host that is connecting, backing off, slow or dead reports its current state and holds no
+thread the others need. Polls of one host never overlap. A poll channel that dies is opened
+again (the poll is then answered by one command on a channel of its own, as before); a host
+whose poll channel keeps dying is polled that way from then on. Host keys are verified (see
+gputui.sources.hostkeys). Hosts behind a bastion (ProxyJump, `[[hosts]] proxy_jump`) or a
+ProxyCommand are reached through it (see gputui.sources.jump); a failed bastion is named in
+the host's state.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import socket
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from gputui.config.hosts import HostSpec
@@ -26,7 +34,9 @@ from gputui.sources import jump
 from gputui.sources.hostkeys import Failure, SshOptions, classify
 from gputui.sources.jump import BastionError, RouteError, resolve
 from gputui.sources.target import Target
-from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
+from gputui.sources.nvsmi import (GPU_FIELDS, OLDER_FIELD_NAMES, end_marker, parse_report, poll_request, remote_command,
+                                  remote_loop_command, retry_fields)
+from gputui.sources.sshloop import Pool, pool_sizes, reader, spawn
 
 __all__ = ["CommandTimeout", "OutputTooLarge", "SshHost", "SshSource", "Target", "resolve"]
 
@@ -34,6 +44,8 @@ __all__ = ["CommandTimeout", "OutputTooLarge", "SshHost", "SshSource", "Target",
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 MIN_CPU_JIFFIES = 5.0  # below this, a CPU % between two /proc/stat readings is noise
+FIRST_SPAN_S = 0.2  # until a host's CPU % is known, a poll waits this long between its /proc/stat readings
+MAX_SPAN_WAITS = 3  # (at most this many polls: a host without /proc/stat never has one)
 # What one poll may read (stdout and stderr together): nvidia-smi's answer for 16 GPUs and their
 # processes is tens of KiB. A host that says more (a broken or hostile nvidia-smi) is an error
 # for that poll, and its channel is closed rather than read on.
@@ -89,6 +101,24 @@ def _nothing() -> None:
     pass
 
 
+# A host whose poll channel dies this many times in a row without answering is polled by one
+# command per poll (a channel of its own each time) from then on.
+LOOP_FAILURES_BEFORE_ONESHOT = 3
+
+
+@dataclass(eq=False)
+class _Request:
+    """One request on a host's poll channel, and what its answer has said so far."""
+
+    token: int
+    fields: tuple[str, ...]
+    channel: Any
+    deadline: float
+    budget: _Budget
+    data: bytearray = field(default_factory=bytearray)
+    scanned: int = 0
+
+
 class Backoff:
     """Delays between reconnection attempts: 1, 2, 4 ... seconds, at most `cap`."""
 
@@ -119,8 +149,22 @@ class SshHost:
         self._backoff = Backoff()
         self._retry_at = 0.0
         self._last_cpu: Any = None
+        self._last_pct: float | None = None  # the CPU % of the last span long enough to tell
+        self._span_waits = 0  # polls that waited FIRST_SPAN_S
         self._done = threading.Event()
         self._done.set()
+        self._lock = threading.Lock()  # guards the poll channel and the request on it
+        self._loop: Any = None  # the long-lived poll channel, when open
+        self._pending: _Request | None = None  # the request on it, until answered or failed
+        self._tokens = itertools.count(1)
+        self._round = (time.time(), time.perf_counter())  # when this host's poll started
+        self._asks = 0  # requests in this poll (fields rejected by the driver are asked again)
+        self._loop_failures = 0  # poll channels in a row that died before answering
+        name = f"gputui-ssh-{spec.name}"
+        self._submit: Callable[[Callable[[], None]], None] = lambda job: spawn(job, name)
+        self._submit_connect: Callable[[Callable[[], None]], None] = self._submit
+        self.oneshot = False  # poll by one command on a channel of its own each time (no poll channel)
+        self.loops_opened = 0  # poll channels opened so far
         self.max_bytes = MAX_POLL_BYTES  # what one poll command may print (stdout and stderr together)
         self.max_line = MAX_LINE_BYTES  # and in one line
         self.attempts = 0  # connection attempts so far
@@ -160,26 +204,30 @@ class SshHost:
         """Whether a poll may start now: not running, and not waiting out a backoff."""
         return not self.busy and (self.connected or self._clock() >= self._retry_at)
 
+    def use_pools(self, poll: Callable[[Callable[[], None]], None], connect: Callable[[Callable[[], None]], None]) -> None:
+        """Run this host's blocking steps in these pools (default: a daemon thread each)."""
+        self._submit, self._submit_connect = poll, connect
+
     def start(self) -> threading.Event:
-        """Start one poll in a daemon thread; the event is set when it is done."""
+        """Start one poll (its blocking steps in the pools, its answer read by the reader
+        thread); the event is set when it is done."""
         self._done.clear()
         self._closed = False
-        thread = threading.Thread(target=self._job, name=f"gputui-ssh-{self.spec.name}", daemon=True)
-        thread.start()
+        self._round = (time.time(), time.perf_counter())
+        self._asks = 0
+        (self._submit if self.connected else self._submit_connect)(self._step)
         return self._done
 
-    def _job(self) -> None:
-        try:
-            self._poll()
-        finally:
-            self._done.set()
+    def _end_round(self) -> None:
+        self._done.set()
 
     # -- connecting -----------------------------------------------------------------------
 
     def connect(self) -> bool:
         """Open the connection; on failure set the state and schedule the next attempt."""
         start, t0 = time.time(), time.perf_counter()
-        self.snapshot = self._snap(HostState.CONNECTING, f"connecting to {self.target.label()}{self.target.route()}", start, None)
+        if self.failure is None:  # after a failure, the host says why until this attempt's own verdict
+            self.snapshot = self._snap(HostState.CONNECTING, f"connecting to {self.target.label()}{self.target.route()}", start, None)
         self.attempts += 1
         self.bastion_failed = False
         timeout = self.spec.connect_timeout
@@ -219,11 +267,18 @@ class SshHost:
         self._drop()
 
     def _drop(self) -> None:
+        with self._lock:
+            channel, self._loop = self._loop, None
+            request, self._pending = self._pending, None
+        if channel is not None:
+            reader().forget(channel)
         client, self._client = self._client, None
         let_go, self._let_go = self._let_go, _nothing
         if client is not None:
             client.close()
         let_go()  # the bastion's connection closes with its last host
+        if request is not None:  # the poll in flight ends with its connection
+            self._end_round()
 
     # -- polling --------------------------------------------------------------------------
 
@@ -268,9 +323,179 @@ class SshHost:
             chunks.append(data)
 
     def poll_now(self) -> HostSnapshot:
-        """Connect if needed and poll once, in this thread. Never raises."""
+        """Connect if needed and poll once; return when it is done. Never raises."""
         self._closed = False
-        return self._poll()
+        if self.oneshot:
+            return self._poll()
+        self.start().wait()
+        return self.snapshot
+
+    # -- the poll channel -----------------------------------------------------------------
+
+    def _step(self) -> None:
+        """A poll's blocking part, in a pool worker: connect if needed, then ask."""
+        try:
+            if self.oneshot or self._loop_failures >= LOOP_FAILURES_BEFORE_ONESHOT:
+                self._poll()
+            elif not self.connected:
+                self._drop()
+                if self.connect():
+                    self._round = (time.time(), time.perf_counter())
+                    self._ask()
+                    return
+            elif not self._closed:
+                self._ask()
+                return
+        except BaseException:
+            self._end_round()
+            raise
+        self._end_round()
+
+    def _ask(self) -> None:
+        """Send one request on the poll channel (opened first if needed); the reader takes the
+        answer. In a pool worker."""
+        request: _Request | None = None
+        try:
+            with self._lock:
+                channel = self._loop
+            if channel is None:
+                channel = self._open_loop()
+            request = _Request(next(self._tokens), self._fields, channel, time.monotonic() + self.spec.command_timeout,
+                               _Budget(self.max_bytes, self.max_line))
+            with self._lock:
+                if self._closed or self._loop is not channel:
+                    raise EOFError("closed")
+                self._pending = request
+            timed = request
+            reader().at(timed.deadline, lambda: self._failed(timed, CommandTimeout()))
+            wait = FIRST_SPAN_S if self._last_pct is None and self._span_waits < MAX_SPAN_WAITS else 0.0
+            self._span_waits += wait > 0
+            channel.sendall(poll_request(request.token, request.fields, wait))
+        except Exception as exc:  # noqa: BLE001 - the channel, or the connection, failed
+            self._broken(request, exc)
+
+    def _open_loop(self) -> Any:
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is None or not transport.is_active():
+            raise EOFError("not connected")
+        channel = transport.open_session(timeout=self.spec.command_timeout)
+        try:
+            channel.set_combine_stderr(True)
+            channel.exec_command(remote_loop_command())
+            channel.settimeout(0.0)  # the reader reads what is there, never waits
+        except BaseException:
+            channel.close()
+            raise
+        with self._lock:
+            if self._closed:
+                channel.close()
+                raise EOFError("closed")
+            self._loop = channel
+        self.loops_opened += 1
+        reader().watch(channel, lambda: self._readable(channel))
+        return channel
+
+    def _take(self, request: _Request | None, keep_channel: bool) -> bool:
+        """Whether `request` was still the one in flight (then it is no longer); without
+        `keep_channel` its channel is closed too."""
+        with self._lock:
+            if request is not None and self._pending is not request:
+                return False
+            self._pending = None
+            drop = not keep_channel and request is not None and self._loop is request.channel
+            if drop:
+                self._loop = None
+        if drop and request is not None:
+            reader().forget(request.channel)
+        return True
+
+    def _readable(self, channel: Any) -> None:
+        """The reader thread: the poll channel has data, or has closed."""
+        with self._lock:
+            request = self._pending if self._pending is not None and self._pending.channel is channel else None
+        try:
+            data = channel.recv(65536)
+        except socket.timeout:
+            return  # nothing after all
+        except Exception:  # noqa: BLE001 - a channel of a closed transport
+            data = b""
+        if request is None:  # said something, or ended, between polls: not trusted any more
+            with self._lock:
+                if self._loop is channel:
+                    self._loop = None
+            reader().forget(channel)
+            return
+        if not data:
+            self._broken(request, EOFError("the poll channel closed"))
+            return
+        try:
+            request.budget.take(data)
+        except OutputTooLarge as exc:
+            self._failed(request, exc)
+            return
+        request.data += data
+        end = end_marker(request.token)
+        at = request.data.find(end, max(0, request.scanned - len(end) + 1))
+        request.scanned = len(request.data)
+        if at < 0:
+            return
+        more = len(request.data) > at + len(end)  # said more than it was asked: open a new one next time
+        text = request.data[: at + 1].decode("utf-8", errors="replace")
+        request.data = bytearray()  # its deadline's timer holds the request a while yet
+        if self._take(request, keep_channel=not more):
+            self._answered(request, text)
+
+    def _answered(self, request: _Request, text: str) -> None:
+        self._loop_failures = 0
+        reading = parse_report(text, request.fields)
+        fields = retry_fields(request.fields, reading.invalid_fields)
+        self._asks += 1
+        if fields != request.fields:
+            self._fields = fields
+            if self._asks < len(GPU_FIELDS) + len(OLDER_FIELD_NAMES):
+                self._submit(self._ask)  # the same poll, asked again without the rejected field
+                return
+        self._use(reading)
+        self._end_round()
+
+    def _failed(self, request: _Request, exc: Exception) -> None:
+        """No usable answer (too long, or too late): the poll channel is closed, the connection kept."""
+        if not self._take(request, keep_channel=False):
+            return
+        request.data = bytearray()
+        start, t0 = self._round
+        if isinstance(exc, CommandTimeout):
+            message = f"no answer within {self.spec.command_timeout:g} s"
+        else:
+            message = f"{exc} (not nvidia-smi's answer?)"
+        self.snapshot = self._snap(HostState.ERROR, message, start, time.perf_counter() - t0)
+        self._end_round()
+
+    def _broken(self, request: _Request | None, exc: Exception) -> None:
+        """The poll channel failed before answering: this poll is made again by one command
+        of its own, or the connection is found lost (in a pool worker, never the reader)."""
+        if not self._take(request, keep_channel=False):
+            return
+        with self._lock:
+            channel, self._loop = self._loop, None
+        if channel is not None:
+            reader().forget(channel)
+        self._loop_failures += 1
+        self._submit(lambda: self._after_broken(exc))
+
+    def _after_broken(self, exc: Exception) -> None:
+        try:
+            if self.connected and not self._closed:
+                self._poll()
+            elif not self._closed:
+                start, t0 = self._round
+                self._drop()
+                failure = classify(exc, self.target, self.spec.connect_timeout, self.options.all_known_hosts())
+                self._fail(replace(failure, reason=f"connection lost: {failure.reason}"), start, time.perf_counter() - t0)
+        finally:
+            self._end_round()
+
+    # -- one command per poll -------------------------------------------------------------
 
     def _poll(self) -> HostSnapshot:
         if not self.connected:
@@ -291,16 +516,25 @@ class SshHost:
             failure = classify(exc, self.target, self.spec.connect_timeout, self.options.all_known_hosts())
             self._fail(replace(failure, reason=f"connection lost: {failure.reason}"), start, time.perf_counter() - t0)
             return self.snapshot
+        self._round = (start, t0)
+        return self._use(reading)
+
+    def _use(self, reading: Any) -> HostSnapshot:
+        start, t0 = self._round
         self._backoff.reset()
         self.failure = None
         before = self._last_cpu if self._last_cpu is not None else reading.cpu_before
-        self._last_cpu = reading.cpu_after or self._last_cpu
+        cpu_pct = cpu_percent(before, reading.cpu_after, MIN_CPU_JIFFIES)
+        if cpu_pct is None and before is not None and reading.cpu_after is not None and reading.cpu_after.total >= before.total:
+            self._last_cpu, cpu_pct = before, self._last_pct  # too short to tell: the last value, the same start next time
+        else:
+            self._last_cpu, self._last_pct = reading.cpu_after or self._last_cpu, cpu_pct
         self.snapshot = self._snap(
             reading.state,
             reading.message,
             start,
             time.perf_counter() - t0,
-            cpu_pct=cpu_percent(before, reading.cpu_after, MIN_CPU_JIFFIES),
+            cpu_pct=cpu_pct,
             mem_used_mib=reading.mem_used_mib,
             mem_total_mib=reading.mem_total_mib,
             gpus=reading.gpus,
@@ -323,17 +557,31 @@ class SshHost:
 
 
 class SshSource:
-    """Every remote host of a profile or of --host, polled concurrently."""
+    """Every remote host of a profile or of --host, polled concurrently: the blocking steps in
+    two pools sized from this machine (see gputui.sources.sshloop.pool_sizes; `workers`
+    overrides the poll pool's size), the answers read by one reader thread. `oneshot` polls
+    by one command per poll, as before the poll channel (for comparisons)."""
 
-    def __init__(self, specs: Sequence[HostSpec], options: SshOptions | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, specs: Sequence[HostSpec], options: SshOptions | None = None, clock: Callable[[], float] = time.monotonic,
+                 workers: int | None = None, oneshot: bool = False) -> None:
         self.options = options or SshOptions()
         self.hosts = [SshHost(spec, self.options, clock) for spec in specs]
+        poll_workers, connect_workers = pool_sizes(len(self.hosts))
+        self.pool = Pool("gputui-ssh-poll", workers or poll_workers)
+        self.connect_pool = Pool("gputui-ssh-connect", connect_workers)
+        for host in self.hosts:
+            host.oneshot = oneshot
+            host.use_pools(self.pool.submit, self.connect_pool.submit)
+        self.last_round_cpu_s: float | None = None  # this process's CPU time during the last round
+        self.last_round_hosts = 0  # the hosts that round started a poll on
 
     def poll(self, settle: bool = False, wait: float | None = None) -> list[HostSnapshot]:
         """One round. Waits for the hosts that were connected (or, with `settle`, for every
         host, connecting included), at most `wait` seconds if given; each host's own
         timeouts bound the rest. A host still busy reports its latest snapshot."""
+        cpu0 = time.process_time()
         waits = []
+        started = 0
         for host in self.hosts:
             if host.busy:  # still at it since an earlier round: not waited for again
                 if settle:
@@ -343,13 +591,18 @@ class SshSource:
                 continue
             was_connected = host.connected
             event = host.start()
+            started += 1
             if settle or was_connected:
                 waits.append(event)
         deadline = None if wait is None else time.monotonic() + wait
         for event in waits:
             event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.last_round_cpu_s = time.process_time() - cpu0
+        self.last_round_hosts = started
         return [host.snapshot for host in self.hosts]
 
     def close(self) -> None:
         for host in self.hosts:
             host.close()
+        self.pool.close()
+        self.connect_pool.close()
