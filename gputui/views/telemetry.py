@@ -196,35 +196,65 @@ def table_width(widths: Sequence[int]) -> int:
     return sum(widths) + 3 * n + 1 if n else 0
 
 
-def layout(hosts: Sequence[HostSnapshot], width: int) -> tuple[list[_Col], bool]:
-    """The columns that fit `width` (dropping in DROP_ORDER) and whether hosts get a host line."""
+class _Needs:
+    """The rows of both table shapes (host columns, host lines), each built once, and each
+    column's need in each, measured once: `layout` tries up to 11 drop steps on them."""
+
+    def __init__(self, hosts: Sequence[HostSnapshot]) -> None:
+        self.hosts = hosts
+        self._rows: dict[bool, list[dict[str, Text]]] = {}
+        self._needs: dict[tuple[bool, str], int] = {}
+
+    def rows(self, host_line: bool) -> list[dict[str, Text]]:
+        rows = self._rows.get(host_line)
+        if rows is None:
+            rows = self._rows[host_line] = _rows(self.hosts, host_line)
+        return rows
+
+    def need(self, col: _Col, host_line: bool) -> int:
+        need = self._needs.get((host_line, col.key))
+        if need is None:
+            need = self._needs[(host_line, col.key)] = _needed(col, self.rows(host_line))
+        return need
+
+
+def _layout(hosts: Sequence[HostSnapshot], width: int, needs: _Needs) -> tuple[list[_Col], bool]:
     # no GPU on any host: the GPU columns would all be empty; the reason column says why
     dropped: set[str] = set() if any(h.gpus for h in hosts) else {c.key for c in GPU_COLS if c.key != "name"}
     for step in (None, *DROP_ORDER):
         if step is not None:
             dropped.add(step)
         cols = _columns(dropped)
-        rows = _rows(hosts, HOST_LINE in dropped)
-        if table_width([_needed(c, rows) for c in cols]) <= width:
+        host_line = HOST_LINE in dropped
+        if table_width([needs.need(c, host_line) for c in cols]) <= width:
             break
     return cols, HOST_LINE in dropped
+
+
+def layout(hosts: Sequence[HostSnapshot], width: int) -> tuple[list[_Col], bool]:
+    """The columns that fit `width` (dropping in DROP_ORDER) and whether hosts get a host line."""
+    return _layout(hosts, width, _Needs(hosts))
 
 
 def hosts_table(hosts: Sequence[HostSnapshot], width: int = 200) -> Table:
     """One row per GPU; a host without GPUs (or not ok) gets one row with its reason. The
     columns are those that fit `width` (see the module's docstring)."""
-    cols, host_line = layout(hosts, width)
-    rows = _rows(hosts, host_line)
-    others = [_needed(c, rows) for c in cols if c.key != "name"]
-    rows = _rows(hosts, host_line, name_w=width - table_width([*others, 0]))
+    needs = _Needs(hosts)
+    cols, host_line = _layout(hosts, width, needs)
+    others = [needs.need(c, host_line) for c in cols if c.key != "name"]
+    if host_line:  # the host lines are packed to the width the name column gets
+        rows = _rows(hosts, host_line, name_w=width - table_width([*others, 0]))
+        name_need = _needed(next(c for c in cols if c.key == "name"), rows)
+    else:
+        rows = needs.rows(False)
+        name_need = needs.need(next(c for c in cols if c.key == "name"), False)
     table = Table(show_lines=False, header_style="bold")
     for col in cols:
-        need = _needed(col, rows)
         if col.key == "name":
             title = "Host / GPU name" if host_line else col.title
-            table.add_column(title, no_wrap=False, overflow="fold", min_width=need)
+            table.add_column(title, no_wrap=False, overflow="fold", min_width=name_need)
         else:
-            table.add_column(col.title, no_wrap=True, overflow="ellipsis", min_width=need,
+            table.add_column(col.title, no_wrap=True, overflow="ellipsis", min_width=needs.need(col, host_line),
                              justify="right" if col.right else "left")
     for row in rows:
         table.add_row(*(row.get(c.key, Text("")) for c in cols))
