@@ -2,19 +2,26 @@
 
 `--gpus 0,2` and `--device cuda:N` name GPUs as `gputui monitor` shows them (NVML's order,
 which is the PCI bus order: the program also gets CUDA_DEVICE_ORDER=PCI_BUS_ID, so index N
-means the same GPU to CUDA). With `auto` (or `cuda`) gputui takes the least-used GPUs by
-NVML: the least memory in use, then the lowest utilisation, then the lowest index. The
-reason is one line, said in the run's `start` event (`device_choice`).
+means the same GPU to CUDA). With `auto` (or `cuda`) gputui takes free GPUs first, by the
+rule of the profile's `[free]` table (the one `gputui monitor --free` uses: no compute
+process, low utilisation and memory), least used first; when fewer are free than wanted, the
+least used of the others make up the count, and the reason says so. Least used: the least
+memory in use, then the lowest utilisation, then the lowest index. The reason is one line,
+said in the run's `start` event (`device_choice`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from gputui.model.errors import UserError
 from gputui.model.telemetry import GpuSample
 from gputui.model.units import plural
+
+if TYPE_CHECKING:
+    from gputui.config.free import FreeRule
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,10 @@ def local_gpus() -> tuple[list[GpuSample], str | None]:
 
 
 def choose(device: str, gpus: Sequence[int] | None, count: int, env: Mapping[str, str],
-           read: Callable[[], tuple[list[GpuSample], str | None]] = local_gpus) -> Choice:
-    """The GPUs for a program that wants `count` of them (1, or one per DDP process)."""
+           read: Callable[[], tuple[list[GpuSample], str | None]] = local_gpus,
+           rule: "FreeRule | None" = None) -> Choice:
+    """The GPUs for a program that wants `count` of them (1, or one per DDP process): free ones
+    by `rule` (the profile's [free]; default FreeRule()) first, least used first."""
     if device == "cpu":
         return Choice((), "cpu asked: no GPU is visible to the program", "cpu")
     if gpus:
@@ -69,6 +78,44 @@ def choose(device: str, gpus: Sequence[int] | None, count: int, env: Mapping[str
         return Choice(None, f"no GPU found ({why_none or 'NVML sees none'}): the program runs as it would alone", "cpu")
     if count > len(found):
         raise UserError(f"{plural(count, 'GPU')} wanted, {len(found)} found: use --nproc {len(found)} or fewer")
-    chosen = least_used(found, count)
-    return Choice(tuple(chosen), f"least-used {plural(count, 'GPU')} of {len(found)} by memory and utilisation: "
-                                 f"{','.join(map(str, chosen))}")
+    from gputui.config.free import FreeRule
+    from gputui.monitor.lab import is_free
+
+    rule = rule or FreeRule()
+    free = [g for g in found if is_free(g, rule)]
+    taken = least_used(free, count)
+    if len(taken) == count:
+        return Choice(tuple(taken), f"{len(free)} of {len(found)} GPUs free by [free] ({rule.describe()}); the "
+                                    f"least-used {count}: {','.join(map(str, taken))}")
+    others = least_used([g for g in found if g.index not in taken], count - len(taken))
+    chosen = sorted(taken + others)
+    busy = ",".join(map(str, others))
+    lead = f"only {len(free)} of {len(found)} GPUs free by [free]" if free else f"none of {len(found)} GPUs free by [free]"
+    return Choice(tuple(chosen), f"{lead} ({rule.describe()}) and {count} wanted: the least-used of the others "
+                                 f"too ({busy}): {','.join(map(str, chosen))}")
+
+
+def free_rule_of(profile_path: "Path | None") -> "FreeRule":
+    """The [free] rule of a profile file (a run's own copy: see free_table); the defaults without one."""
+    from gputui.monitor.lab import free_rule
+
+    if profile_path is None or not profile_path.is_file():
+        return free_rule(None)
+    from gputui.config.profile import load_profile
+
+    return free_rule(load_profile(profile_path))
+
+
+def free_table(profile_path: "Path | None") -> str:
+    """A profile's [free] table as TOML ("" without one), for a run's copy of its profile: the run's
+    `--device auto` keeps the rule its profile had, resumed or not."""
+    if profile_path is None or not profile_path.is_file():
+        return ""
+    from gputui.config.profile import load_profile
+
+    table = load_profile(profile_path).tables.get("free")
+    if not table:
+        return ""
+    import tomli_w
+
+    return "\n" + tomli_w.dumps({"free": dict(table)})

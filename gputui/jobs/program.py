@@ -360,7 +360,8 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     sample = take_sample()  # others' CPU use is sampled while the GPUs are looked at: no extra wait
     ddp = cfg.strategy == "ddp"
     nproc = (cfg.nproc or 0) if ddp else 1
-    choice = gpu_choice.choose(cfg.device, cfg.gpus, max(nproc, 1), os.environ)
+    choice = gpu_choice.choose(cfg.device, cfg.gpus, max(nproc, 1), os.environ,
+                               rule=gpu_choice.free_rule_of(run.profile))  # the profile's [free], kept in the run's copy
     if ddp and not nproc:
         nproc = len(choice.visible) if choice.visible else 2
     env = program_env(os.environ, run, dict(cfg.env), resume, trial or {})

@@ -70,8 +70,10 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
             raise UserError(f"{flags}: cannot change when resuming (allowed: --epochs, --device, --strategy, --nproc, --cuda-graph)")
         cfg = load_profile(run.profile).run.merged(req.overrides).resolve()
         if cfg.is_program:
+            from gputui.jobs.gpus import free_table
+
             check(cfg, req.overrides)
-            run.profile.write_text(cfg.to_toml(), encoding="utf-8")
+            run.profile.write_text(cfg.to_toml() + free_table(run.profile), encoding="utf-8")  # --device auto's [free]
             return run, cfg, True
         validate(cfg)
         done_epochs = completed_epochs(run)
@@ -102,8 +104,10 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     if cluster is None and not cfg.is_program:  # a cluster's nodes check their own devices and data
         validate(cfg)
     run = runs.create(req.run_dir)  # only now: a run that fails a check leaves no directory behind
+    from gputui.jobs.gpus import free_table
+
     try:
-        run.profile.write_text(cfg.to_toml(), encoding="utf-8")
+        run.profile.write_text(cfg.to_toml() + (free_table(profile_path) if cfg.is_program else ""), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {run.profile}: {exc.strerror or exc}") from None
     remember_cluster(run.path, profile_path)  # a profile with [cluster] trains across its nodes
