@@ -289,3 +289,22 @@ def test_gpu_rows_keep_every_figure_whole(size: tuple[int, int]) -> None:
     assert "1000/1023 MiB" in small and "99%" in small, small
     too_long = [line for line in lines if len(line) > width]
     assert not too_long, f"lines wider than the panel ({width}) end in an ellipsis: {too_long}"
+
+
+# The lab view (issue 33): 42 hosts of 4 GPUs, two of them unreachable, on a frozen clock -------
+
+def test_lab_view(snap_compare: Any) -> None:
+    from tests.test_dashboard_lab import FLEET_LINE, fleet, T0
+    from tests.test_dashboard_processes import Scripted
+
+    clock = Clock()
+    source = Scripted([fleet(T0, down=False), fleet(T0 + 90.0, down=True)])
+    app = create_app(make_backend(demo=False, source=source, clock=clock, interval=3600))
+
+    async def run_before(pilot: Any) -> None:
+        await polls(pilot, 2)
+        view = app.query_one(HostsView)
+        await settled(pilot, lambda: view.lab and FLEET_LINE in screen_text(app) and "s Sort" in screen_text(app),
+                      "the lab view of the second round, its keys in the footer")
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)

@@ -19,7 +19,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from gputui.dashboard.setup import Backend
 from gputui.model.errors import GputuiError
 from gputui.model.telemetry import HostState
-from gputui.ui.bindings import KEYS, PROGRAM_KEYS, bindings
+from gputui.ui.bindings import APP_LAB_ACTIONS, KEYS, PROGRAM_KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.curve_actions import CurveActions
 from gputui.ui.events_panel import EventsLog
@@ -32,13 +32,14 @@ from gputui.ui.status import DashboardFooter, StatusBar
 from gputui.ui.sweep_actions import SweepActions
 from gputui.ui.training_actions import TrainingActions
 from gputui.ui.training_panel import TrainingPanel
+from gputui.ui.users_screen import LabActions, follow_round
 
-ACTIONS = {key.action for key in KEYS}
+ACTIONS = {key.action for key in KEYS} | APP_LAB_ACTIONS
 PROGRAM_ACTIONS = {key.action for key in PROGRAM_KEYS}  # shown while a run of the user's own program is
 FIRST_FRAME_ENV = "GPUTUI_FIRST_FRAME_FILE"  # benchmarks: the app writes time.time() here after its first frame
 
 
-class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, SweepActions):
+class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, SweepActions, LabActions):
     CSS_PATH = "dashboard.tcss"
     BINDINGS = bindings()
     TITLE = "gputui"
@@ -169,6 +170,8 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
             screen = self.process_screen()
             if screen is not None:
                 screen.frame = message.frame
+            if len(self.screen_stack) > 1:
+                follow_round(self, message.frame)  # the host and users screens (lab view)
         elif message.error:
             self.log_event(message.error, "error")
         for alert in message.alerts:

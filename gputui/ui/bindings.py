@@ -79,6 +79,25 @@ PROCESS_KEYS: tuple[Key, ...] = (
 )
 
 
+# Keys of the hosts panel's lab view (one line per host, when the GPUs do not fit the panel):
+# they act, and show in the footer, while the panel has the focus and shows the lab view.
+LAB_KEYS: tuple[Key, ...] = (
+    Key("s", "sort", "Sort", "Lab view: the next order of the hosts: as listed, utilisation (busiest first), free "
+        "GPUs (most first), GPU memory in use (most first), name; unreachable hosts last but as listed."),
+    Key("slash", "filter", "Filter", "Lab view: keep the hosts whose name has these words, user:NAME (that account "
+        "runs a process there), free (a free GPU), down (unreachable); Enter applies, empty clears.", "/"),
+    Key("enter", "open", "Open", "Lab view: the selected host's GPU lines and its processes (Esc back); the "
+        "arrows, PgUp/PgDn, Home/End move the selection.", "Enter"),
+    Key("U", "users", "Users", "Who holds what: each account across the fleet, its GPUs, GPU memory, GPU-hours "
+        "today, hosts and processes, updated each round (Esc closes). Works from any panel.", "U"),
+)
+APP_LAB_ACTIONS = frozenset({"users"})  # LAB_KEYS bound on the app too (hidden from its footer)
+
+
+def lab_bindings() -> list[BindingType]:
+    return [Binding(k.key, k.action, k.label, key_display=k.display) for k in LAB_KEYS]
+
+
 def process_bindings() -> list[BindingType]:
     keys: list[BindingType] = [Binding(k.key, k.action, k.label, key_display=k.display) for k in PROCESS_KEYS]
     return keys + [Binding("P", "close", "Back", show=False)]
@@ -91,5 +110,6 @@ def bindings() -> list[BindingType]:
         out.append(Binding(k.key, k.action, k.label, key_display=k.display))
         if k.action == PROGRAM_AFTER:
             out += [Binding(p.key, p.action, p.label, key_display=p.display) for p in PROGRAM_KEYS]
+    out += [Binding(k.key, k.action, k.label, show=False) for k in LAB_KEYS if k.action in APP_LAB_ACTIONS]
     out.append(Binding("ctrl+q", "quit", "Quit", show=False, priority=True))
     return out

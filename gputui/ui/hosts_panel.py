@@ -13,6 +13,11 @@ column (the model stays on the host line), then the two bars; the figures (utili
 memory, temperature, power) are never dropped nor cut. On the
 host line RAM goes first, then CPU; the name and the GPU model stay. A reason (an unreachable
 host's error) wraps onto the next lines rather than being cut.
+
+The lab view (gputui.ui.lab_panel): when the per-GPU lines would fill more than LAB_PAGES
+heights of the panel, it shows one line per host under the fleet's line (which stays at the
+top), and only the lines on screen are built, each kept while its host's line is the same: a
+round costs the lines in view, whatever the fleet. s, /, Enter and U act there (gputui.ui.bindings.LAB_KEYS).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.css.scalar import Unit
 from textual.geometry import Size
+from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -29,7 +37,10 @@ from gputui.model import units
 from gputui.dashboard.hosts import HostsFrame
 from gputui.model.telemetry import GpuSample, HostSnapshot, HostState, throttle_text
 from gputui.model.text import clean
+from gputui.monitor.lab import HostLine, LabFilter
+from gputui.ui.bindings import lab_bindings
 from gputui.ui.draw import bar, sparkline
+from gputui.ui import lab_panel
 
 BUSY_PCT = 5.0  # a GPU this busy or more that is throttled shows why (an idle GPU's clocks are low anyway)
 HOT_C = 83.0
@@ -41,6 +52,10 @@ MAX_BAR, MAX_NAME, MAX_SPARK = 16, 18, 60
 MAX_MODEL = 32  # the host line's GPU model ("8× RTX 6000 Ada Generation" fits; a longer one ends in …)
 REASON_LINES = 3  # an unreachable host's reason wraps onto at most this many lines
 Line = list[tuple[str, Style | None]]
+# The lab view takes over when the per-GPU lines would fill more than this many heights of the
+# panel: a few lines to scroll keep every GPU's figures (six one-GPU hosts at 80x24 stay per GPU),
+# and the per-GPU view's cost stays bounded by the panel's size.
+LAB_PAGES = 2
 
 
 def short_name(name: str | None) -> str:
@@ -79,23 +94,54 @@ def gpu_layout(width: int, throttle: str) -> tuple[int, int, int, int]:
 
 
 class HostsView(ScrollView, can_focus=True):
-    """The hosts panel: one line per host, one per GPU."""
+    """The hosts panel: one line per host, one per GPU; the lab view (one line per host) when
+    they do not fit. `only`: draw that host alone (the host screen), never the lab view."""
 
+    BINDINGS = lab_bindings()
     COMPONENT_CLASSES = {"hosts--name", "hosts--ok", "hosts--bad", "hosts--dim", "hosts--util", "hosts--mem",
-                         "hosts--spark", "hosts--hot", "hosts--throttle", "hosts--run"}
+                         "hosts--spark", "hosts--hot", "hosts--throttle", "hosts--run", "hosts--warn", "hosts--free",
+                         "hosts--full", "hosts--cursor", "hosts--fleet"}
     frame: reactive[HostsFrame | None] = reactive(None)
     error: reactive[str | None] = reactive(None)
     # The GPUs (NVML indices) of this machine that the dashboard's run holds (a program's start
     # event says them): their index is marked on the local host's lines.
     held: reactive[tuple[int, ...]] = reactive(())
 
-    def __init__(self, **kwargs: object) -> None:
+    class HostChosen(Message):
+        """Enter on a host line of the lab view: open that host."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    class FilterAsked(Message):
+        """/ in the lab view: ask for a filter (the app asks in a dialog, then calls set_filter)."""
+
+        def __init__(self, current: str) -> None:
+            super().__init__()
+            self.current = current
+
+    def __init__(self, only: str | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.only = only
         self._lines: list[Line] = []
         self._strips: dict[int, Strip] = {}
         self._styles: dict[str, Style] = {}
         self._built_width = 0
         self._seen: set[str] = set()  # the hosts of the last frame: one that appears is scrolled to
+        # The lab view: its rows (sorted, filtered), header lines, layout, the selected host, and
+        # its built strips by content (this round's and the last's: what did not change is reused).
+        self.lab = False
+        self.lab_sort = "listed"
+        self.lab_filter = LabFilter()
+        self._rows: list[HostLine] = []
+        self._header: list[Line] = []
+        self._layout = (0, 0)
+        self._cursor = 0
+        self._cursor_name: str | None = None
+        self._cache: dict[tuple[object, ...], Strip] = {}
+        self._old: dict[tuple[object, ...], Strip] = {}
+        self.built = 0  # lab strips built (the tests and the benchmark read it)
 
     def watch_frame(self) -> None:
         self._rebuild()
@@ -119,10 +165,12 @@ class HostsView(ScrollView, can_focus=True):
 
     def _restyle(self) -> None:
         self._styles = {}
+        self._cache, self._old = {}, {}
         self._rebuild()
 
     def notify_style_update(self) -> None:
         self._styles = {}
+        self._cache, self._old = {}, {}
         super().notify_style_update()
         self._rebuild()
 
@@ -133,11 +181,52 @@ class HostsView(ScrollView, can_focus=True):
 
     @property
     def text_lines(self) -> list[str]:
-        """Every line as plain text (the tests read it)."""
+        """Every line as plain text (the tests read it; in the lab view, every host's line is built)."""
+        if self.lab:
+            width = self._built_width
+            lines = self._header + [lab_panel.lab_line(row, width, *self._layout, self._style) for row in self._rows]
+            return ["".join(text for text, _style in line) for line in lines]
         return ["".join(text for text, _style in line) for line in self._lines]
+
+    @property
+    def lab_rows(self) -> list[HostLine]:
+        """The lab view's host lines in their order on screen (sorted, filtered)."""
+        return list(self._rows)
+
+    @property
+    def selected(self) -> str | None:
+        """The lab view's selected host."""
+        return self._rows[self._cursor].name if self.lab and self._rows else None
+
+    def _room(self) -> int:
+        """The panel's height for lines. A panel whose height follows its lines up to a cap (the
+        narrow layout) counts the cap, so the choice of view does not feed on itself."""
+        room = self.scrollable_content_region.height
+        cap, height = self.styles.max_height, self.styles.height
+        if height is not None and height.is_auto and cap is not None and cap.unit is Unit.CELLS:
+            room = max(room, int(cap.value) - self.styles.gutter.height)
+        return room
+
+    def _wants_lab(self) -> bool:
+        frame = self.frame
+        if self.only is not None or frame is None or frame.lab is None:
+            return False
+        room = self._room()
+        if room <= 0:
+            return self.lab
+        return len(frame.hosts) + frame.gpu_count > LAB_PAGES * room
 
     def _rebuild(self) -> None:
         if not self.is_mounted:
+            return
+        lab = self._wants_lab()
+        if lab != self.lab:
+            self.lab = lab
+            self.border_subtitle = None
+            self.scroll_to(y=0, animate=False)
+            self.refresh_bindings()  # the lab keys show in the footer (or leave it)
+        if lab:
+            self._rebuild_lab()
             return
         width = max(20, self.scrollable_content_region.width)
         lines: list[Line] = []
@@ -145,14 +234,15 @@ class HostsView(ScrollView, can_focus=True):
         if self.frame is None:
             lines += self._wrapped(self.error or "waiting for the first round of telemetry ...", width, "hosts--dim")
         else:
-            for host in self.frame.hosts:
+            hosts = self.frame.hosts if self.only is None else tuple(h for h in self.frame.hosts if h.name == self.only)
+            for host in hosts:
                 first = len(lines)
                 lines += self._host_lines(host, width)
                 lines.extend(self._gpu_line(host, gpu, width) for gpu in host.gpus)
                 if shown is None and self._seen and host.name not in self._seen:
                     shown = (first, len(lines))
-            self._seen = {host.name for host in self.frame.hosts}
-            if not self.frame.hosts:
+            self._seen = {host.name for host in hosts}
+            if not hosts:
                 lines.append([("no hosts", self._style("hosts--dim"))])
             if self.error:
                 lines += self._wrapped(self.error, width, "hosts--bad")
@@ -162,6 +252,127 @@ class HostsView(ScrollView, can_focus=True):
             self.call_after_refresh(self._show_lines, *shown)
         self.refresh()
 
+    # the lab view ---------------------------------------------------------------------------------
+    def _rebuild_lab(self) -> None:
+        """This round's order and header; the lines themselves are built when drawn."""
+        frame = self.frame
+        assert frame is not None and frame.lab is not None
+        width = max(20, self.scrollable_content_region.width)
+        lab = frame.lab
+        self._rows = lab_panel.lab_rows(lab.lines, self.lab_sort, self.lab_filter)
+        self._layout = lab_panel.lab_layout(self._rows)
+        header = self._wrapped(lab.totals.line(), width, "hosts--fleet", indent=0, most=2)
+        if self.error:
+            header.append([(lab_panel.cut(clean(self.error), width), self._style("hosts--bad"))])
+        if not self._rows:
+            header.append([("no host matches the filter (/ and Enter on an empty line clear it)", self._style("hosts--dim"))])
+        self._header = header
+        names = [row.name for row in self._rows]
+        if self._cursor_name in names:
+            self._cursor = names.index(self._cursor_name)
+        else:
+            self._cursor = min(self._cursor, max(0, len(self._rows) - 1))
+            self._cursor_name = names[self._cursor] if names else None
+        subtitle = lab_panel.filter_text(self.lab_filter, len(self._rows), len(lab.lines), self.lab_sort)
+        if self.border_subtitle is None or subtitle.plain != str(self.border_subtitle):
+            self.border_subtitle = subtitle
+        self._built_width = width
+        self._old, self._cache = self._cache, {}
+        self.virtual_size = Size(width, len(header) + len(self._rows))
+        self.refresh()
+
+    def _lab_strip(self, index: int, width: int) -> Strip:
+        row = self._rows[index]
+        chosen = index == self._cursor and self.has_focus
+        key = (row, width, self._layout, chosen)
+        strip = self._cache.get(key) or self._old.get(key)
+        if strip is None:
+            self.built += 1
+            line = lab_panel.lab_line(row, width, *self._layout, self._style)
+            strip = Strip([Segment(text, style) for text, style in line]).simplify()
+            if chosen:
+                strip = strip.apply_style(self._style("hosts--cursor"))
+            strip = strip.apply_style(self.rich_style).extend_cell_length(width, self.rich_style).crop(0, width)
+        self._cache[key] = strip
+        return strip
+
+    def _move(self, to: int) -> None:
+        if not self._rows:
+            return
+        self._cursor = max(0, min(len(self._rows) - 1, to))
+        self._cursor_name = self._rows[self._cursor].name
+        rows = max(1, self.scrollable_content_region.height - len(self._header))
+        top = self.scroll_offset.y
+        if self._cursor < top:
+            self.scroll_to(y=self._cursor, animate=False)
+        elif self._cursor >= top + rows:
+            self.scroll_to(y=self._cursor - rows + 1, animate=False)
+        self.refresh()
+
+    def set_filter(self, text: str) -> None:
+        """The lab view's filter (`/`): LabFilter's words; empty clears."""
+        self.lab_filter = LabFilter.parse(text)
+        self._cursor = 0
+        self.scroll_to(y=0, animate=False)
+        self._rebuild()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("sort", "filter", "open", "users"):
+            return self.lab
+        return True
+
+    def action_sort(self) -> None:
+        self.lab_sort = lab_panel.next_sort(self.lab_sort)
+        self._rebuild()
+
+    def action_filter(self) -> None:
+        self.post_message(self.FilterAsked(str(self.lab_filter)))
+
+    def action_open(self) -> None:
+        if self.selected is not None:
+            self.post_message(self.HostChosen(self.selected))
+
+    async def action_users(self) -> None:
+        await self.app.run_action("users")
+
+    def action_scroll_up(self) -> None:
+        self._move(self._cursor - 1) if self.lab else super().action_scroll_up()
+
+    def action_scroll_down(self) -> None:
+        self._move(self._cursor + 1) if self.lab else super().action_scroll_down()
+
+    def action_page_up(self) -> None:
+        step = max(1, self.scrollable_content_region.height - len(self._header))
+        self._move(self._cursor - step) if self.lab else super().action_page_up()
+
+    def action_page_down(self) -> None:
+        step = max(1, self.scrollable_content_region.height - len(self._header))
+        self._move(self._cursor + step) if self.lab else super().action_page_down()
+
+    def action_scroll_home(self) -> None:
+        self._move(0) if self.lab else super().action_scroll_home()
+
+    def action_scroll_end(self) -> None:
+        self._move(len(self._rows) - 1) if self.lab else super().action_scroll_end()
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if self.lab and offset is not None and offset.y >= len(self._header):
+            index = self.scroll_offset.y + offset.y - len(self._header)
+            if index < len(self._rows):
+                self._move(index)
+                if event.chain >= 2:
+                    self.action_open()
+
+    def on_focus(self) -> None:
+        if self.lab:
+            self.refresh()  # the selection shows while the panel has the focus
+
+    def on_blur(self) -> None:
+        if self.lab:
+            self.refresh()
+
+    # the per-GPU view ----------------------------------------------------------------------------
     def _show_lines(self, start: int, end: int) -> None:
         """Scroll so lines start..end show (a new slave's host and its GPUs), its top first."""
         height = self.scrollable_content_region.height
@@ -181,19 +392,29 @@ class HostsView(ScrollView, can_focus=True):
         return [[(" " * indent + piece, self._style(style))] for piece in pieces]
 
     def render_line(self, y: int) -> Strip:
-        index = self.scroll_offset.y + y
         width = self.scrollable_content_region.width
+        if self.lab:
+            if y < len(self._header):
+                return self._plain_strip(self._header[y], width).apply_offsets(0, y)
+            index = self.scroll_offset.y + y - len(self._header)
+            if index >= len(self._rows) or width <= 0:
+                return Strip.blank(width, self.rich_style)
+            return self._lab_strip(index, width).apply_offsets(0, index + len(self._header))
+        index = self.scroll_offset.y + y
         if index >= len(self._lines):
             return Strip.blank(width, self.rich_style)
         strip = self._strips.get(index)
         if strip is None:
-            segments = [Segment(text, style) for text, style in self._lines[index]]
-            strip = Strip(segments).simplify()
-            if strip.cell_length > width:
-                strip = Strip.join([strip.crop(0, max(0, width - 1)), Strip([Segment("…")])])
-            strip = strip.apply_style(self.rich_style).extend_cell_length(width, self.rich_style)
+            strip = self._plain_strip(self._lines[index], width)
             self._strips[index] = strip
         return strip.crop(0, width).apply_offsets(0, index)
+
+    def _plain_strip(self, line: Line, width: int) -> Strip:
+        segments = [Segment(text, style) for text, style in line]
+        strip = Strip(segments).simplify()
+        if strip.cell_length > width:
+            strip = Strip.join([strip.crop(0, max(0, width - 1)), Strip([Segment("…")])])
+        return strip.apply_style(self.rich_style).extend_cell_length(width, self.rich_style)
 
     def _host_lines(self, host: HostSnapshot, width: int) -> list[Line]:
         """The host's line; a reason that does not fit wraps onto the next lines (indented)."""

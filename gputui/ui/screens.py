@@ -15,7 +15,7 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputui.model.text import clean
-from gputui.ui.bindings import KEYS, PROCESS_KEYS, PROGRAM_KEYS, Key
+from gputui.ui.bindings import KEYS, LAB_KEYS, PROCESS_KEYS, PROGRAM_KEYS, Key
 
 
 def keys_table(keys: tuple[Key, ...] = KEYS) -> Table:
@@ -51,6 +51,9 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(keys_table(PROGRAM_KEYS), id="help-program-keys")
             yield Label("In the process table (P):", classes="subtitle")
             yield Static(keys_table(PROCESS_KEYS), id="help-process-keys")
+            yield Label("In the hosts panel's lab view (one line per host, when the GPUs do not fit):",
+                        classes="subtitle")
+            yield Static(keys_table(LAB_KEYS), id="help-lab-keys")
             yield Static(HELP_NOTES, classes="dim", markup=False)
             yield Static("Esc, ? or q closes this help.", classes="dim")
 
