@@ -24,6 +24,8 @@ torch must never be loaded in the dashboard process: its memory map is checked f
 libraries at the end of each window.
 
     python benchmarks/bench_dashboard_cpu.py [--seconds 20] [--warmup 5] [--rate 1000]
+    python benchmarks/bench_dashboard_cpu.py --only idle --hosts 256 --gpus 8   (a lab: the hosts
+        panel's lab view, one line per host, shows from 64 x 8 at 120x40)
 """
 
 from __future__ import annotations
