@@ -25,7 +25,7 @@ libraries at the end of each window.
 
     python benchmarks/bench_dashboard_cpu.py [--seconds 20] [--warmup 5] [--rate 1000]
     python benchmarks/bench_dashboard_cpu.py --only idle --hosts 256 --gpus 8   (a lab: the hosts
-        panel's lab view, one line per host, shows from 64 x 8 at 120x40)
+        panel shows its lab view, one line per host, at 120x40 from 5 hosts x 8 GPUs on)
 """
 
 from __future__ import annotations
