@@ -16,7 +16,7 @@ import pytest
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
-from gputui.sources import ssh as ssh_module
+from gputui.sources import pollchannel
 from gputui.sources.ssh import SshHost, SshSource
 from tests.proc_support import wait_until
 from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, sshd_factory  # noqa: F401
@@ -271,8 +271,8 @@ def test_throttle_reasons_and_process_columns_over_ssh(sshd_factory: SshdFactory
         host.close()
         calls: list[str] = []  # the requests on the host's poll channel
         k80 = SshHost(spec(sshd_factory, old.port), options(tmp_path, old))
-        real_request = ssh_module.poll_request
-        monkeypatch.setattr(ssh_module, "poll_request", lambda *a: calls.append(real_request(*a).decode()) or real_request(*a))
+        real_request = pollchannel.poll_request
+        monkeypatch.setattr(pollchannel, "poll_request", lambda *a: calls.append(real_request(*a).decode()) or real_request(*a))
         first = k80.poll_now()
         assert [g.throttle for g in first.gpus] == [("power-cap",), ("idle",)] and len(calls) == 2  # asked again once
         assert [g.throttle for g in k80.poll_now().gpus] == [("power-cap",), ("idle",)] and len(calls) == 3

@@ -1,8 +1,8 @@
 """Remote GPU hosts over SSH (paramiko, imported lazily): one persistent connection per host.
 
-Each host keeps one long-lived poll channel open on its connection: a small `sh` loop (see
-gputui.sources.nvsmi) that answers each request line with one report, so a poll is one write
-and one read, with no new channel, login shell or `sh` on the host. Rounds are bounded: the
+Each host keeps one long-lived poll channel open on its connection (gputui.sources.pollchannel):
+a small `sh` loop (gputui.sources.nvsmi) that answers each request line with one report, so a
+poll is one write and one read, with no new channel, login shell or `sh` on the host. Rounds are bounded: the
 blocking steps (connecting, opening the channel, sending) run in two small pools of named
 workers (see gputui.sources.sshloop: connects apart, so a dead host's connect never holds up
 a connected host's poll), and one reader thread reads every host's answer as it comes, each
@@ -18,13 +18,12 @@ the host's state.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from gputui.config.hosts import HostSpec
@@ -34,9 +33,9 @@ from gputui.sources import jump
 from gputui.sources.hostkeys import Failure, SshOptions, classify
 from gputui.sources.jump import BastionError, RouteError, resolve
 from gputui.sources.target import Target
-from gputui.sources.nvsmi import (GPU_FIELDS, OLDER_FIELD_NAMES, end_marker, parse_report, poll_request, remote_command,
-                                  remote_loop_command, retry_fields)
-from gputui.sources.sshloop import Pool, pool_sizes, reader, spawn
+from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
+from gputui.sources.pollchannel import Budget, CommandTimeout, OutputTooLarge, PollChannel
+from gputui.sources.sshloop import Pool, pool_sizes, spawn
 
 __all__ = ["CommandTimeout", "OutputTooLarge", "SshHost", "SshSource", "Target", "resolve"]
 
@@ -61,42 +60,6 @@ def without_retry(message: str | None) -> str | None:
     return None if message is None else _RETRY_RE.sub("", message)
 
 
-class CommandTimeout(Exception):
-    """The remote command gave no complete answer in time."""
-
-
-class OutputTooLarge(Exception):
-    """The remote command said more than a poll reads (in all, or in one line)."""
-
-    def __init__(self, limit: int, what: str = "output") -> None:
-        super().__init__(f"{what} over {limit // 1024} KiB")
-
-
-class _Budget:
-    """The bytes one command's output may still take, and the length of the line it is in."""
-
-    def __init__(self, max_bytes: int, max_line: int) -> None:
-        self.max_bytes, self.max_line = max_bytes, max_line
-        self.taken = 0
-        self.line = 0
-
-    def take(self, data: bytes) -> None:
-        self.taken += len(data)
-        if self.taken > self.max_bytes:
-            raise OutputTooLarge(self.max_bytes)
-        start = 0
-        while (nl := data.find(b"\n", start)) >= 0:
-            if self.line + nl - start > self.max_line:
-                raise OutputTooLarge(self.max_line, "a line of output")
-            self.line, start = 0, nl + 1
-        self.line += len(data) - start
-        if self.line > self.max_line:
-            raise OutputTooLarge(self.max_line, "a line of output")
-
-    def start_stream(self) -> None:
-        self.line = 0  # stderr's lines are not stdout's
-
-
 def _nothing() -> None:
     pass
 
@@ -104,19 +67,6 @@ def _nothing() -> None:
 # A host whose poll channel dies this many times in a row without answering is polled by one
 # command per poll (a channel of its own each time) from then on.
 LOOP_FAILURES_BEFORE_ONESHOT = 3
-
-
-@dataclass(eq=False)
-class _Request:
-    """One request on a host's poll channel, and what its answer has said so far."""
-
-    token: int
-    fields: tuple[str, ...]
-    channel: Any
-    deadline: float
-    budget: _Budget
-    data: bytearray = field(default_factory=bytearray)
-    scanned: int = 0
 
 
 class Backoff:
@@ -153,10 +103,7 @@ class SshHost:
         self._span_waits = 0  # polls that waited FIRST_SPAN_S
         self._done = threading.Event()
         self._done.set()
-        self._lock = threading.Lock()  # guards the poll channel and the request on it
-        self._loop: Any = None  # the long-lived poll channel, when open
-        self._pending: _Request | None = None  # the request on it, until answered or failed
-        self._tokens = itertools.count(1)
+        self._channel = PollChannel(self._answered, self._failed, self._broken)
         self._round = (time.time(), time.perf_counter())  # when this host's poll started
         self._asks = 0  # requests in this poll (fields rejected by the driver are asked again)
         self._loop_failures = 0  # poll channels in a row that died before answering
@@ -164,7 +111,6 @@ class SshHost:
         self._submit: Callable[[Callable[[], None]], None] = lambda job: spawn(job, name)
         self._submit_connect: Callable[[Callable[[], None]], None] = self._submit
         self.oneshot = False  # poll by one command on a channel of its own each time (no poll channel)
-        self.loops_opened = 0  # poll channels opened so far
         self.max_bytes = MAX_POLL_BYTES  # what one poll command may print (stdout and stderr together)
         self.max_line = MAX_LINE_BYTES  # and in one line
         self.attempts = 0  # connection attempts so far
@@ -203,6 +149,11 @@ class SshHost:
     def due(self) -> bool:
         """Whether a poll may start now: not running, and not waiting out a backoff."""
         return not self.busy and (self.connected or self._clock() >= self._retry_at)
+
+    @property
+    def loops_opened(self) -> int:
+        """Poll channels opened so far."""
+        return self._channel.opened
 
     def use_pools(self, poll: Callable[[Callable[[], None]], None], connect: Callable[[Callable[[], None]], None]) -> None:
         """Run this host's blocking steps in these pools (default: a daemon thread each)."""
@@ -267,17 +218,13 @@ class SshHost:
         self._drop()
 
     def _drop(self) -> None:
-        with self._lock:
-            channel, self._loop = self._loop, None
-            request, self._pending = self._pending, None
-        if channel is not None:
-            reader().forget(channel)
+        in_flight = self._channel.close()
         client, self._client = self._client, None
         let_go, self._let_go = self._let_go, _nothing
         if client is not None:
             client.close()
         let_go()  # the bastion's connection closes with its last host
-        if request is not None:  # the poll in flight ends with its connection
+        if in_flight:  # the poll in flight ends with its connection
             self._end_round()
 
     # -- polling --------------------------------------------------------------------------
@@ -293,7 +240,7 @@ class SshHost:
         channel = transport.open_session(timeout=timeout)
         try:
             channel.exec_command(command)
-            budget = _Budget(self.max_bytes, self.max_line)
+            budget = Budget(self.max_bytes, self.max_line)
             out = self._read(channel, deadline, channel.recv, budget)
             budget.start_stream()
             err = self._read(channel, deadline, channel.recv_stderr, budget)
@@ -304,7 +251,7 @@ class SshHost:
             channel.close()
 
     @staticmethod
-    def _read(channel: Any, deadline: float, recv: Callable[[int], bytes], budget: _Budget) -> str:
+    def _read(channel: Any, deadline: float, recv: Callable[[int], bytes], budget: Budget) -> str:
         """One of the command's streams to its end, within `budget` (OutputTooLarge past it: the
         caller closes the channel, nothing more of it is read)."""
         chunks: list[bytes] = []
@@ -354,103 +301,23 @@ class SshHost:
     def _ask(self) -> None:
         """Send one request on the poll channel (opened first if needed); the reader takes the
         answer. In a pool worker."""
-        request: _Request | None = None
-        try:
-            with self._lock:
-                channel = self._loop
-            if channel is None:
-                channel = self._open_loop()
-            request = _Request(next(self._tokens), self._fields, channel, time.monotonic() + self.spec.command_timeout,
-                               _Budget(self.max_bytes, self.max_line))
-            with self._lock:
-                if self._closed or self._loop is not channel:
-                    raise EOFError("closed")
-                self._pending = request
-            timed = request
-            reader().at(timed.deadline, lambda: self._failed(timed, CommandTimeout()))
-            wait = FIRST_SPAN_S if self._last_pct is None and self._span_waits < MAX_SPAN_WAITS else 0.0
-            self._span_waits += wait > 0
-            channel.sendall(poll_request(request.token, request.fields, wait))
-        except Exception as exc:  # noqa: BLE001 - the channel, or the connection, failed
-            self._broken(request, exc)
-
-    def _open_loop(self) -> Any:
+        wait = FIRST_SPAN_S if self._last_pct is None and self._span_waits < MAX_SPAN_WAITS else 0.0
+        self._span_waits += wait > 0
         transport = self._client.get_transport() if self._client is not None else None
-        if transport is None or not transport.is_active():
-            raise EOFError("not connected")
-        channel = transport.open_session(timeout=self.spec.command_timeout)
         try:
-            channel.set_combine_stderr(True)
-            channel.exec_command(remote_loop_command())
-            channel.settimeout(0.0)  # the reader reads what is there, never waits
-        except BaseException:
-            channel.close()
-            raise
-        with self._lock:
             if self._closed:
-                channel.close()
                 raise EOFError("closed")
-            self._loop = channel
-        self.loops_opened += 1
-        reader().watch(channel, lambda: self._readable(channel))
-        return channel
+            self._channel.ask(transport, self._fields, wait, self.spec.command_timeout, self.max_bytes, self.max_line)
+        except Exception as exc:  # noqa: BLE001 - the channel, or the connection, failed
+            self._broken(exc)
 
-    def _take(self, request: _Request | None, keep_channel: bool) -> bool:
-        """Whether `request` was still the one in flight (then it is no longer); without
-        `keep_channel` its channel is closed too."""
-        with self._lock:
-            if request is not None and self._pending is not request:
-                return False
-            self._pending = None
-            drop = not keep_channel and request is not None and self._loop is request.channel
-            if drop:
-                self._loop = None
-        if drop and request is not None:
-            reader().forget(request.channel)
-        return True
-
-    def _readable(self, channel: Any) -> None:
-        """The reader thread: the poll channel has data, or has closed."""
-        with self._lock:
-            request = self._pending if self._pending is not None and self._pending.channel is channel else None
-        try:
-            data = channel.recv(65536)
-        except socket.timeout:
-            return  # nothing after all
-        except Exception:  # noqa: BLE001 - a channel of a closed transport
-            data = b""
-        if request is None:  # said something, or ended, between polls: not trusted any more
-            with self._lock:
-                if self._loop is channel:
-                    self._loop = None
-            reader().forget(channel)
-            return
-        if not data:
-            self._broken(request, EOFError("the poll channel closed"))
-            return
-        try:
-            request.budget.take(data)
-        except OutputTooLarge as exc:
-            self._failed(request, exc)
-            return
-        request.data += data
-        end = end_marker(request.token)
-        at = request.data.find(end, max(0, request.scanned - len(end) + 1))
-        request.scanned = len(request.data)
-        if at < 0:
-            return
-        more = len(request.data) > at + len(end)  # said more than it was asked: open a new one next time
-        text = request.data[: at + 1].decode("utf-8", errors="replace")
-        request.data = bytearray()  # its deadline's timer holds the request a while yet
-        if self._take(request, keep_channel=not more):
-            self._answered(request, text)
-
-    def _answered(self, request: _Request, text: str) -> None:
+    def _answered(self, asked: tuple[str, ...], text: str) -> None:
+        """The reader thread: the poll channel's answer."""
         self._loop_failures = 0
-        reading = parse_report(text, request.fields)
-        fields = retry_fields(request.fields, reading.invalid_fields)
+        reading = parse_report(text, asked)
+        fields = retry_fields(asked, reading.invalid_fields)
         self._asks += 1
-        if fields != request.fields:
+        if fields != asked:
             self._fields = fields
             if self._asks < len(GPU_FIELDS) + len(OLDER_FIELD_NAMES):
                 self._submit(self._ask)  # the same poll, asked again without the rejected field
@@ -458,11 +325,8 @@ class SshHost:
         self._use(reading)
         self._end_round()
 
-    def _failed(self, request: _Request, exc: Exception) -> None:
+    def _failed(self, exc: Exception) -> None:
         """No usable answer (too long, or too late): the poll channel is closed, the connection kept."""
-        if not self._take(request, keep_channel=False):
-            return
-        request.data = bytearray()
         start, t0 = self._round
         if isinstance(exc, CommandTimeout):
             message = f"no answer within {self.spec.command_timeout:g} s"
@@ -471,15 +335,9 @@ class SshHost:
         self.snapshot = self._snap(HostState.ERROR, message, start, time.perf_counter() - t0)
         self._end_round()
 
-    def _broken(self, request: _Request | None, exc: Exception) -> None:
+    def _broken(self, exc: Exception) -> None:
         """The poll channel failed before answering: this poll is made again by one command
         of its own, or the connection is found lost (in a pool worker, never the reader)."""
-        if not self._take(request, keep_channel=False):
-            return
-        with self._lock:
-            channel, self._loop = self._loop, None
-        if channel is not None:
-            reader().forget(channel)
         self._loop_failures += 1
         self._submit(lambda: self._after_broken(exc))
 

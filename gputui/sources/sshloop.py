@@ -127,7 +127,7 @@ class Reader:
         self._orders: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._watched: dict[int, tuple[Any, Callable[[], None]]] = {}  # id(channel) -> (channel, callback)
+        self._watched: dict[int, tuple[Any, Callable[[], None], int]] = {}  # id(channel) -> (channel, callback, fd)
         self._thread = threading.Thread(target=self._run, name="gputui-ssh-reader", daemon=True)
         self._thread.start()
 
@@ -193,11 +193,13 @@ class Reader:
                 heapq.heappush(self._timers, (a, next(self._seq), b))
             elif what == "watch":
                 if id(a) not in self._watched:
-                    self._watched[id(a)] = (a, b)
-                    self._selector.register(a.fileno(), selectors.EVENT_READ, id(a))
+                    fd = a.fileno()
+                    self._watched[id(a)] = (a, b, fd)
+                    self._selector.register(fd, selectors.EVENT_READ, id(a))
             elif what == "forget":
-                if self._watched.pop(id(a), None) is not None:
-                    self._selector.unregister(a.fileno())
+                watched = self._watched.pop(id(a), None)
+                if watched is not None:
+                    self._selector.unregister(watched[2])
                 try:
                     a.close()
                 except Exception:  # noqa: BLE001 - closing a channel of a dead transport
