@@ -74,7 +74,7 @@ def test_a_host_line_shows_each_gpu_free_busy_idle_held_and_na() -> None:
     assert lines[1].split() == ["Host", "State", "GPUs", "Free", "Util", "Memory", "Top", "account", "(GPU", "memory)"]
     # free; busy at 97%; held by bob at 2% (not free: a process runs); free with util n/a;
     # nothing known (never free); util 50% with memory n/a; 40% without a process (too busy)
-    assert lines[2].split() == ["rig", "ok", "·█▁·?▅▄", "2", "free", "38%", "100/480", "GiB", "alice", "68", "GiB"]
+    assert lines[2].split() == ["rig", "ok", "○█▁○?▅▄", "2", "free", "38%", "100/480", "GiB", "alice", "68", "GiB"]
 
 
 def test_an_unreachable_host_keeps_its_gpu_count_and_says_why() -> None:

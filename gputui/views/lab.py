@@ -4,11 +4,11 @@ per-account table of `--users`.
 Built from plain strings (f-strings), not a rich Table per row: a fleet of 256 hosts is drawn
 every second, so a line costs microseconds. A host line reads, at 80 columns:
 
-    sim-3   ok     ▇█▇▇··▁?   2 free   71%  412/640 GiB  alice 410 GiB
+    sim-3   ok     ▇█▇▇○○▁?   2 free   71%  412/640 GiB  alice 410 GiB
     sim-9   unreachable  --------  ssh: connect to host 10.0.0.9 port 22: Connection refused
 
 The strip has one cell per GPU: a block as high as the GPU's utilisation (▁ below 12.5%, █ from
-87.5%), `·` for a free GPU (by the profile's [free] rule), `?` when utilisation is not
+87.5%), `○` for a free GPU (by the profile's [free] rule), `?` when utilisation is not
 available. On a terminal a cell's colour is its memory in use (blue below 25%, cyan below 50%,
 yellow below 75%, red above; a free GPU green); off a terminal the colours are dropped and the
 line is the same text. An unreachable host shows a `-` for each GPU it had when last seen, and
@@ -31,7 +31,7 @@ from gputui.model.text import clean
 from gputui.monitor.lab import GpuCell, HostLine, LabFilter, LabFrame, UserTotal, filter_lines, sort_lines
 
 LEVELS = "▁▂▃▄▅▆▇█"  # utilisation, in eighths
-FREE_MARK = "·"
+FREE_MARK = "○"  # as the dashboard's hosts panel draws it
 NA_MARK = "?"  # utilisation not available
 DOWN_MARK = "-"  # a GPU of a host that does not answer
 NAME_MAX = 24  # a longer host name is cut with an ellipsis
@@ -49,7 +49,7 @@ def table_rows(hosts: Sequence[HostSnapshot]) -> int:
 
 
 def cell_char(cell: GpuCell) -> str:
-    """A GPU's cell in its host's strip: `·` free, a block as high as its utilisation, `?` n/a."""
+    """A GPU's cell in its host's strip: `○` free, a block as high as its utilisation, `?` n/a."""
     if cell.free:
         return FREE_MARK
     try:
