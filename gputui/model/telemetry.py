@@ -73,7 +73,7 @@ def _quick(cls: type, defaults: dict[str, Any], values: dict[str, Any]) -> Any:
     through object.__setattr__ (twice the time: a simulated lab builds 2,048 GpuSamples a
     second). Every field gets its default unless `values` names it. Nothing is checked (the
     callers name fields literally; tests/test_lab.py compares with the dataclass's own)."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     attrs = obj.__dict__
     attrs.update(defaults)
     attrs.update(values)

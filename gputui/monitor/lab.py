@@ -41,7 +41,7 @@ def is_free(gpu: GpuSample, rule: FreeRule) -> bool:
 class GpuCell(NamedTuple):
     """One GPU of a host line: what its cell in the strip shows (a tuple: 2,048 a round)."""
 
-    index: int
+    gpu: int  # its index on the host (`index` would hide tuple.index)
     util_pct: float | None
     mem_pct: float | None
     free: bool
