@@ -7,8 +7,9 @@ only one at a time, so the history it keeps is never touched by two threads.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from gputui.config.free import FreeRule
 from gputui.model.telemetry import HostSnapshot
@@ -18,6 +19,31 @@ SPARK_LEN = 60  # samples of utilisation kept per GPU for the sparklines
 ENERGY_FLUSH_S = 60.0  # how often metered local GPU energy is written to the ledger
 
 
+GpuKey = tuple[str, int]  # (host name, GPU index)
+
+
+class Sparks(Mapping[GpuKey, tuple[float | None, ...]]):
+    """Each GPU of the last round's utilisation over the rounds kept, oldest first, put together
+    only when asked: a panel asks for the 30 GPUs it shows, not the 2,048 of a lab. Frozen: the
+    rounds are a tuple of dicts nobody changes. A GPU missing from a round (its host did not
+    answer) has no value for it."""
+
+    def __init__(self, rounds: tuple[Mapping[GpuKey, float | None], ...] = ()) -> None:
+        self._rounds = rounds
+        self._last: Mapping[GpuKey, float | None] = rounds[-1] if rounds else {}
+
+    def __getitem__(self, key: GpuKey) -> tuple[float | None, ...]:
+        if key not in self._last:
+            raise KeyError(key)
+        return tuple(r[key] for r in self._rounds if key in r)
+
+    def __iter__(self) -> Iterator[GpuKey]:
+        return iter(self._last)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+
 @dataclass(frozen=True)
 class HostsFrame:
     """One round: every host's snapshot, per (host, GPU index) utilisation oldest first, and the
@@ -25,7 +51,7 @@ class HostsFrame:
 
     time: float
     hosts: tuple[HostSnapshot, ...]
-    util: Mapping[tuple[str, int], tuple[float | None, ...]] = field(default_factory=dict)
+    util: Mapping[GpuKey, tuple[float | None, ...]] = field(default_factory=dict)
     duration_s: float = 0.0
     lab: LabFrame | None = None
 
@@ -41,10 +67,7 @@ class HostFeed:
                  meter: Any = None, rule: FreeRule | None = None) -> None:
         self.source = source
         self.clock = clock
-        self.spark_len = spark_len
-        # Each GPU's utilisation, oldest first: a tuple replaced each round, so a frame shares it
-        # as it is (2,048 GPUs cost a tuple each, not a copy of every history).
-        self._util: dict[tuple[str, int], tuple[float | None, ...]] = {}
+        self._rounds: deque[dict[GpuKey, float | None]] = deque(maxlen=spark_len)  # each round's utilisations
         self.lab = Lab(rule or FreeRule(), clock)
         self.meter = meter  # a gputui.cloud.energy.EnergyMeter when the profile prices electricity
         self._flushed = clock()
@@ -66,13 +89,7 @@ class HostFeed:
                 tell(wanted)
             self._process_sm = wanted
         hosts = poll_round(self.source)
-        keep = self.spark_len - 1
-        known = self._util  # a host that does not answer keeps its GPUs' histories for its return
-        util: dict[tuple[str, int], tuple[float | None, ...]] = {}
-        for host in hosts:
-            for gpu in host.gpus:
-                key = (host.name, gpu.index)
-                util[key] = known[key] = (known.get(key, ())[-keep:] if keep > 0 else ()) + (gpu.util_pct,)
+        self._rounds.append({(host.name, gpu.index): gpu.util_pct for host in hosts for gpu in host.gpus})
         if self.meter is not None:
             for host in hosts:
                 self.meter.add_snapshot(host)
@@ -80,7 +97,7 @@ class HostFeed:
                 self._flush(final=False)
         now = self.clock()
         lab = self.lab.update(hosts, now)
-        return HostsFrame(now, tuple(hosts), util, time.monotonic() - started, lab)
+        return HostsFrame(now, tuple(hosts), Sparks(tuple(self._rounds)), time.monotonic() - started, lab)
 
     def training(self, active: bool) -> None:
         """Tell a simulation whether our run is active (its first host then works hard)."""

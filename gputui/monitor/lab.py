@@ -80,35 +80,36 @@ class HostLine:
         return 100.0 * self.mem_used_mib / self.mem_total_mib
 
 
-def _sum(values: Iterable[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
-
-
-def memory_by_user(gpus: Iterable[GpuSample]) -> dict[str, float]:
-    """GPU memory per account over these GPUs (a process of unknown size counts 0 MiB)."""
-    out: dict[str, float] = {}
-    for gpu in gpus:
-        for p in gpu.processes:
-            user = p.user or UNKNOWN_USER
-            out[user] = out.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
-    return out
-
-
 def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLine:
-    """The lab view's line of one host snapshot; `known_gpus`: its GPU count when last seen."""
+    """The lab view's line of one host snapshot; `known_gpus`: its GPU count when last seen.
+    One pass over the GPUs (a lab's round makes 2,048 cells)."""
     if not host.state.worked:
         return HostLine(host.name, host.state, host.message, max(known_gpus, len(host.gpus)))
-    cells = tuple(GpuCell(g.index, g.util_pct, g.mem_pct, is_free(g, rule), bool(g.processes)) for g in host.gpus)
-    utils = [g.util_pct for g in host.gpus if g.util_pct is not None]
-    by_user = memory_by_user(host.gpus)
-    top = max(by_user.items(), key=lambda kv: (kv[1], kv[0]), default=None)
-    return HostLine(
-        host.name, host.state, host.message, len(host.gpus), cells, sum(c.free for c in cells),
-        sum(utils) / len(utils) if utils else None,
-        _sum(g.mem_used_mib for g in host.gpus), _sum(g.mem_total_mib for g in host.gpus),
-        top[0] if top else None, top[1] if top else None, frozenset(by_user),
-    )
+    cells = []
+    free = 0
+    util_sum, util_n = 0.0, 0
+    used: float | None = None
+    total: float | None = None
+    by_user: dict[str, float] = {}
+    for g in host.gpus:
+        util, mem, size, procs = g.util_pct, g.mem_used_mib, g.mem_total_mib, g.processes
+        free_now = is_free(g, rule)
+        free += free_now
+        if util is not None:
+            util_sum += util
+            util_n += 1
+        if mem is not None:
+            used = mem if used is None else used + mem
+        if size is not None:
+            total = size if total is None else total + size
+        cells.append(GpuCell(g.index, util, g.mem_pct, free_now, bool(procs)))
+        for p in procs:
+            user = p.user or UNKNOWN_USER
+            by_user[user] = by_user.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
+    top = max(by_user.items(), key=lambda kv: (kv[1], kv[0])) if by_user else None
+    return HostLine(host.name, host.state, host.message, len(cells), tuple(cells), free,
+                    util_sum / util_n if util_n else None, used, total,
+                    top[0] if top else None, top[1] if top else None, frozenset(by_user))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ MEM_TOTAL_MIB = 81920.0
 POWER_IDLE_W, POWER_LIMIT_W = 55.0, 400.0
 AMBIENT_C = 30.0
 THERMAL_SLOWDOWN_C = 72.0
+_IDLE, _POWER_CAP, _THERMAL = ("idle",), ("power-cap",), ("sw-thermal",)
 # The lab's accounts: host i's GPUs run the jobs of one or two of them (no random draw: the
 # seeded readings stay what they were).
 ACCOUNTS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory")
@@ -37,6 +38,7 @@ class _Gpu:
     mem_used: float = 4.0
     power: float = POWER_IDLE_W
     temperature: float = AMBIENT_C + 6.0
+    fixed: tuple[int, str] | None = None  # (pid, uuid): the uuid is made once per pid
 
 
 @dataclass
@@ -122,45 +124,43 @@ class SimSource:
         )
 
     def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int, running_s: float, user: str) -> GpuSample:
+        # The same draws and arithmetic as ever (the seeded readings do not change), written for
+        # a lab of 2,048 simulated GPUs a second: the rng's methods bound once, uniform(a, b)
+        # as a + (b - a) * random() (what it is), the constant parts of a sample built once.
         rng = self._rng
-        target = (90.0 + 9.0 * rng.random()) if active else 2.0 * rng.random()
-        gpu.util += (target - gpu.util) * 0.5
-        mem_target = (60_000.0 + 8_000.0 * rng.random()) if active else 4.0
-        gpu.mem_used += (mem_target - gpu.mem_used) * 0.6
-        power_target = POWER_IDLE_W + (POWER_LIMIT_W - POWER_IDLE_W) * (gpu.util / 100.0) ** 1.2
-        gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
-        gpu.temperature += (AMBIENT_C + 0.11 * gpu.power - gpu.temperature) * 0.15  # follows power, lagging
-        busy = gpu.util > 5.0
-        processes = (GpuProcess.quick(pid=pid, name="python -m gputui run", user=user, gpu_memory_mib=round(gpu.mem_used - 4.0),
-                                sm_pct=round(gpu.util), cpu_pct=round(90.0 + gpu.util / 10.0, 1), rss_mib=3100.0 + 16 * index,
-                                running_s=round(max(0.0, running_s), 1)),) if active else ()
+        random = rng.random
+        util = gpu.util
+        util += (((90.0 + 9.0 * random()) if active else 2.0 * random()) - util) * 0.5
+        mem_target = (60_000.0 + 8_000.0 * random()) if active else 4.0
+        mem_used = gpu.mem_used = gpu.mem_used + (mem_target - gpu.mem_used) * 0.6
+        power_target = POWER_IDLE_W + (POWER_LIMIT_W - POWER_IDLE_W) * (util / 100.0) ** 1.2
+        power = gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
+        temperature = gpu.temperature = gpu.temperature + (AMBIENT_C + 0.11 * power - gpu.temperature) * 0.15
+        gpu.util = util
+        busy = util > 5.0
+        processes = (GpuProcess.quick(pid=pid, name="python -m gputui run", user=user, gpu_memory_mib=round(mem_used - 4.0),
+                                      sm_pct=round(util), cpu_pct=round(90.0 + util / 10.0, 1), rss_mib=3100.0 + 16 * index,
+                                      running_s=round(max(0.0, running_s), 1), started=None),) if active else ()
         if not busy:
-            throttle: tuple[str, ...] = ("idle",)
-        elif gpu.power >= POWER_LIMIT_W * 0.97:
-            throttle = ("power-cap",)  # the board's power limit holds the clocks
-        elif gpu.temperature >= THERMAL_SLOWDOWN_C:
-            throttle = ("sw-thermal",)
+            throttle: tuple[str, ...] = _IDLE
+        elif power >= POWER_LIMIT_W * 0.97:
+            throttle = _POWER_CAP  # the board's power limit holds the clocks
+        elif temperature >= THERMAL_SLOWDOWN_C:
+            throttle = _THERMAL
         else:
             throttle = ()
+        if active:
+            rx, tx = round(2e5 + (3e6 - 2e5) * random()), round(1e5 + (1e6 - 1e5) * random())
+        else:
+            rx, tx = round(500 * random()), round(500 * random())
+        fixed = gpu.fixed
+        if fixed is None or fixed[0] != pid:
+            fixed = gpu.fixed = (pid, f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}")
         return GpuSample.quick(
-            index=index,
-            name=GPU_NAME,
-            uuid=f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}",
-            util_pct=round(gpu.util, 1),
-            mem_util_pct=round(gpu.util * 0.55, 1),
-            mem_used_mib=round(gpu.mem_used),
-            mem_total_mib=MEM_TOTAL_MIB,
-            temperature_c=round(gpu.temperature, 1),
-            power_w=round(gpu.power, 1),
-            power_limit_w=POWER_LIMIT_W,
+            index=index, name=GPU_NAME, uuid=fixed[1], util_pct=round(util, 1), mem_util_pct=round(util * 0.55, 1),
+            mem_used_mib=round(mem_used), mem_total_mib=MEM_TOTAL_MIB, temperature_c=round(temperature, 1),
+            power_w=round(power, 1), power_limit_w=POWER_LIMIT_W,
             fan_pct=None,  # passively cooled, like the real one
-            clock_sm_mhz=1410.0 if busy else 210.0,
-            clock_mem_mhz=1593.0,
-            pcie_rx_kib_s=round(rng.uniform(2e5, 3e6)) if active else round(rng.uniform(0, 500)),
-            pcie_tx_kib_s=round(rng.uniform(1e5, 1e6)) if active else round(rng.uniform(0, 500)),
-            pstate="P0" if busy else "P8",
-            ecc_corrected=0,
-            ecc_uncorrected=0,
-            processes=processes,
-            throttle=throttle,
+            clock_sm_mhz=1410.0 if busy else 210.0, clock_mem_mhz=1593.0, pcie_rx_kib_s=rx, pcie_tx_kib_s=tx,
+            pstate="P0" if busy else "P8", ecc_corrected=0, ecc_uncorrected=0, processes=processes, throttle=throttle, energy_mj=None,
         )
