@@ -138,12 +138,13 @@ def _host(name: str, state: Any, message: str | None, gpus: tuple[Any, ...] = ()
 def test_monitor_once_without_retry_note_and_without_empty_gpu_columns() -> None:
     from rich.console import Console
 
+    from gputui.cli import build_parser
     from gputui.commands.monitor import _View
     from gputui.model.telemetry import HostState
     from gputui.sources.ssh import RETRY_NOTE
 
     out = io.StringIO()
-    view = _View(as_json=False, once=True)
+    view = _View(build_parser().parse_args(["monitor", "--once"]))
     view._console = Console(file=out, width=200, highlight=False)
     down = "connection refused by 10.0.0.9:22; check the port and that sshd runs there"
     view.show([_host("vm", HostState.NO_DRIVER, "no NVIDIA driver"),
@@ -157,11 +158,12 @@ def test_monitor_once_without_retry_note_and_without_empty_gpu_columns() -> None
 def test_monitor_live_view_has_a_header() -> None:
     from rich.console import Console
 
+    from gputui.cli import build_parser
     from gputui.commands.monitor import _View
     from gputui.model.telemetry import HostState
 
     out = io.StringIO()
-    view = _View(as_json=False, once=False, interval=2.0)
+    view = _View(build_parser().parse_args(["monitor", "--interval", "2"]))
     view._console = Console(file=out, width=120, force_terminal=True, highlight=False)
     view.show([_host("vm", HostState.NO_DRIVER, "no NVIDIA driver")], 0.0)
     view.close()

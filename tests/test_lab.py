@@ -91,6 +91,8 @@ def test_sorting_puts_unreachable_hosts_last_whatever_the_key() -> None:
     assert [ln.name for ln in sort_lines(lines, "memory", reverse=True)] == ["c", "b", "a", "down"]
     with pytest.raises(ValueError, match="sort key"):
         sort_lines(lines, "colour")
+    named = [host_line(host(n, gpu(0)), RULE) for n in ("gpu-10", "GPU-9", "gpu-2", "gpu-2b", "a")]
+    assert [ln.name for ln in sort_lines(named, "name")] == ["a", "gpu-2", "gpu-2b", "GPU-9", "gpu-10"]
 
 
 def test_the_filter_keeps_hosts_by_name_account_free_gpus_and_state() -> None:

@@ -9,6 +9,7 @@ can give (`Lab`).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
@@ -19,6 +20,7 @@ from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
 UNKNOWN_USER = "n/a"  # the account of a process whose owner the host did not say
 MAX_CREDIT_S = 300.0  # a host silent longer than this between two polls is credited this much at most
 SORT_KEYS = ("name", "util", "free", "memory")
+_DIGITS = re.compile(r"(\d+)")
 
 
 def free_rule(profile: Any | None) -> FreeRule:
@@ -152,19 +154,24 @@ def totals(lines: Sequence[HostLine], never_seen: int = 0) -> FleetTotals:
 # -- sorting and filtering ---------------------------------------------------------------------
 
 
+def name_order(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A host name's place in a list: numbers as numbers ("gpu-2" before "gpu-10"), any case."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part.lower()) for part in _DIGITS.split(name) if part)
+
+
 def sort_lines(lines: Iterable[HostLine], key: str = "name", reverse: bool = False) -> list[HostLine]:
-    """Hosts by name (A-Z), utilisation (busiest first), free GPUs (most first) or memory in use
-    (most first); unreachable hosts last whatever the key, ties by name."""
+    """Hosts by name (A-Z, numbers as numbers), utilisation (busiest first), free GPUs (most
+    first) or memory in use (most first); unreachable hosts last whatever the key, ties by name."""
     if key not in SORT_KEYS:
         raise ValueError(f"sort key {key!r}: expected one of {', '.join(SORT_KEYS)}")
 
-    def number(line: HostLine) -> float:
+    def measure(line: HostLine) -> float:
         value = {"util": line.util_pct, "free": float(line.free), "memory": line.mem_used_mib}.get(key)
         return -(value if value is not None else -1.0)
 
-    ordered = sorted(lines, key=lambda ln: ln.name)
+    ordered = sorted(lines, key=lambda ln: name_order(ln.name))
     if key != "name":
-        ordered.sort(key=number)
+        ordered.sort(key=measure)
     if reverse:
         ordered.reverse()
     ordered.sort(key=lambda ln: not ln.reachable)  # stable: the order above within each part
