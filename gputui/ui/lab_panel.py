@@ -25,9 +25,8 @@ from textual.widgets import Input, Label
 from gputui.model import units
 from gputui.model.text import clean
 from gputui.monitor.lab import GpuCell, HostLine, LabFilter, filter_lines, sort_lines
+from gputui.views.lab import cell_char  # the glyph `gputui monitor` draws too
 
-LEVELS = "▁▂▃▄▅▆▇█"
-FREE_MARK, NA_MARK = "○", "?"
 MAX_LAB_NAME = 22
 # The view's orders, in the order `s` goes through them: the round's (the profile's hosts), then
 # gputui.monitor.lab's keys.
@@ -58,11 +57,9 @@ def lab_layout(rows: Iterable[HostLine]) -> tuple[int, int]:
 
 def cell_mark(cell: GpuCell) -> tuple[str, str]:
     """One GPU's character and the component class that colours it."""
+    glyph = cell_char(cell)
     if cell.free:
-        return FREE_MARK, "hosts--free"
-    if cell.util_pct is None and cell.mem_pct is None:
-        return NA_MARK, "hosts--dim"
-    glyph = NA_MARK if cell.util_pct is None else LEVELS[max(0, min(len(LEVELS) - 1, int(cell.util_pct * len(LEVELS) / 100.0)))]
+        return glyph, "hosts--free"
     mem = cell.mem_pct
     tone = "hosts--dim" if mem is None or mem < 100 / 3 else ("hosts--mem" if mem < 200 / 3 else "hosts--full")
     return glyph, tone
