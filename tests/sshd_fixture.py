@@ -175,3 +175,9 @@ def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdFacto
         yield factory
     finally:
         factory.stop()
+
+
+@pytest.fixture
+def no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ssh-agent of the developer's may log in for a test."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)

@@ -16,14 +16,9 @@ from gputui.sources.hostkeys import SshOptions
 from gputui.sources.ssh import SshSource
 from gputui.sources.sshloop import CONNECT_WORKERS_CAP, POLL_WORKERS_CAP, Pool, pool_sizes
 from tests.proc_support import wait_until
-from tests.sshd_fixture import Sshd, SshdFactory, free_port, sshd_factory  # noqa: F401
+from tests.sshd_fixture import Sshd, SshdFactory, free_port, no_agent, sshd_factory  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_agent")
-
-
-@pytest.fixture
-def no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,9 @@ from gputui.sources.hostkeys import SshOptions
 from gputui.sources import pollchannel
 from gputui.sources.ssh import SshHost, SshSource
 from tests.proc_support import wait_until
-from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, sshd_factory  # noqa: F401
+from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, no_agent, sshd_factory  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_agent")
-
-
-@pytest.fixture
-def no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No ssh-agent of the developer's may log in for a test."""
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
 
 
 @pytest.fixture(scope="module")
