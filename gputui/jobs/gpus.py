@@ -95,6 +95,36 @@ def choose(device: str, gpus: Sequence[int] | None, count: int, env: Mapping[str
                                  f"too ({busy}): {','.join(map(str, chosen))}")
 
 
+def _uuid(text: object) -> str:
+    """A GPU's UUID as NVML ("GPU-7b0d...") and torch (with or without "GPU-") both give it."""
+    value = str(text).strip().lower()
+    return value[4:] if value.startswith("gpu-") else value
+
+
+def net_gpu(visible: Sequence[str], read: Callable[[], tuple[list[GpuSample], str | None]] | None = None,
+            rule: "FreeRule | None" = None) -> tuple[int, str] | None:
+    """The torch index of the GPU a network's single-process run takes under `--device auto`:
+    the least used free GPU by `rule` among those torch sees (`visible`: their UUIDs, in torch's
+    order), else the least used of them; with the reason. None where NVML cannot tell which
+    of them is which (the run keeps cuda:0, as torch's own default)."""
+    found, _why = (read or local_gpus)()
+    where = {_uuid(u): i for i, u in enumerate(visible)}
+    seen = [g for g in found if g.uuid is not None and _uuid(g.uuid) in where]
+    if len(seen) < 2:
+        return None
+    from gputui.config.free import FreeRule
+    from gputui.monitor.lab import is_free
+
+    rule = rule or FreeRule()
+    free = [g for g in seen if is_free(g, rule)]
+    pick = least_used(free or seen, 1)[0]
+    chosen = next(g for g in seen if g.index == pick)
+    index = where[_uuid(chosen.uuid)]
+    lead = (f"{len(free)} of {len(seen)} GPUs free by [free] ({rule.describe()}): the least used"
+            if free else f"none of {len(seen)} GPUs free by [free] ({rule.describe()}): the least used of them")
+    return index, f"auto: {lead}, GPU {chosen.index} (cuda:{index}, {chosen.name or 'n/a'})"
+
+
 def free_rule_of(profile_path: "Path | None") -> "FreeRule":
     """The [free] rule of a profile file (a run's own copy: see free_table); the defaults without one."""
     from gputui.monitor.lab import free_rule

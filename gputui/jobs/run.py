@@ -80,7 +80,9 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         if done_epochs is not None and cfg.epochs <= done_epochs:
             raise AlreadyComplete(f"run {_ref(run)} is already complete ({done_epochs} epochs); resume with "
                                   f"--epochs M (more than {done_epochs}) to train more")
-        run.profile.write_text(cfg.to_toml(), encoding="utf-8")
+        from gputui.jobs.gpus import free_table
+
+        run.profile.write_text(cfg.to_toml() + free_table(run.profile), encoding="utf-8")  # --device auto's [free]
         return run, cfg, True
     profile_path = req.profile if req.profile is not None else default_profile()
     base = load_profile(profile_path).run if profile_path is not None else RunSettings()
@@ -107,7 +109,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     from gputui.jobs.gpus import free_table
 
     try:
-        run.profile.write_text(cfg.to_toml() + (free_table(profile_path) if cfg.is_program else ""), encoding="utf-8")
+        run.profile.write_text(cfg.to_toml() + free_table(profile_path), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {run.profile}: {exc.strerror or exc}") from None
     remember_cluster(run.path, profile_path)  # a profile with [cluster] trains across its nodes
@@ -204,6 +206,8 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
 
     warm_dynamo()  # gputui's modules are in: the optimizer's import of torch._dynamo starts now
     device, why = resolve_device(cfg.device)
+    if cfg.device == "auto" and device.type == "cuda" and cfg.strategy == "single":
+        device, why = _free_gpu(device, why, run.profile)
     start_info: dict[str, Any] = {"device_choice": why}
     if cfg.strategy == "dataparallel":
         if device.type != "cuda":
@@ -235,6 +239,27 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
             raise
         finally:
             log.close()
+
+
+def _free_gpu(device: Any, why: str, profile: Path) -> tuple[Any, str]:
+    """A single-process network run with `--device auto` on several GPUs takes the least used
+    free one by the profile's [free] (gputui.jobs.gpus.net_gpu), not cuda:0 whoever holds it.
+    Where NVML cannot tell (no NVML, no UUIDs), cuda:0 as before, and the reason says why."""
+    import torch
+
+    from gputui.jobs import gpus
+
+    try:
+        count = torch.cuda.device_count()
+        if count < 2:
+            return device, why
+        visible = [str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) for i in range(count)]
+        picked = gpus.net_gpu(visible, rule=gpus.free_rule_of(profile))
+    except Exception as exc:  # noqa: BLE001 - choosing is an extra: the run goes on on cuda:0
+        return device, f"{why}; the free GPU could not be chosen ({type(exc).__name__}: {exc})"
+    if picked is None:
+        return device, f"{why}; NVML could not match torch's GPUs, so cuda:0"
+    return torch.device("cuda", picked[0]), picked[1]
 
 
 def _execute_ddp(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -> str:
