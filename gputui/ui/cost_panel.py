@@ -200,16 +200,19 @@ class CostPanel(Vertical):
             return  # the same frame (a training update moved the ETA): the table and preview stand
         self._frame, self._drawn = frame, (frame, self.confirm)
         table = self.query_one(SlavesTable)
-        if table.display != (frame is not None):
-            table.display = frame is not None  # no cloud (or none yet): the note alone, full width
-            self.set_class(frame is None, "-no-frame")
+        if self.has_class("-no-frame") != (frame is None):
+            self.set_class(frame is None, "-no-frame")  # no cloud (or none yet): the note alone, full width
             self.screen.set_class(frame is None, "-no-cloud")  # the cost row shrinks (dashboard.tcss)
+        empty = frame is not None and not frame.slaves
+        # Each display set only when it changes: a change lays the whole screen out again, and the
+        # cost frame comes every few seconds (a lab's screen is not cheap to lay out).
+        if table.display != (frame is not None and not empty):
+            table.display = frame is not None and not empty
         if frame is not None and table.show(frame) and self.screen.has_class("-narrow"):
             self.scroll_visible(animate=False)  # one column that scrolls: a slave came or went, show it
-        empty = frame is not None and not frame.slaves
-        self.query_one("#slaves-empty").display = empty  # says what the empty table is, and how to fill it
-        if frame is not None:
-            table.display = not empty
+        note = self.query_one("#slaves-empty")
+        if note.display != empty:
+            note.display = empty  # says what the empty table is, and how to fill it
         self.update_preview()
 
     def update_preview(self) -> None:
@@ -217,9 +220,11 @@ class CostPanel(Vertical):
         preview = self.query_one(CostPreview)
         if frame is None:
             preview.text = ""
-            preview.display = False
+            if preview.display:
+                preview.display = False
             return
-        preview.display = True
+        if not preview.display:
+            preview.display = True
         selected = self.query_one(SlavesTable).selected
         preview.text = f"{launch_text(frame, self.confirm)} · {terminate_text(frame, selected, self.confirm)}"
 
