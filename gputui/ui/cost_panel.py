@@ -210,9 +210,9 @@ class CostPanel(Vertical):
             table.display = frame is not None and not empty
         if frame is not None and table.show(frame) and self.screen.has_class("-narrow"):
             self.scroll_visible(animate=False)  # one column that scrolls: a slave came or went, show it
-        note = self.query_one("#slaves-empty")
-        if note.display != empty:
-            note.display = empty  # says what the empty table is, and how to fill it
+        hint = self.query_one("#slaves-empty")
+        if hint.display != empty:
+            hint.display = empty  # says what the empty table is, and how to fill it
         self.update_preview()
 
     def update_preview(self) -> None:
