@@ -281,3 +281,33 @@ def test_a_poll_timer_that_fires_while_the_app_closes_does_nothing() -> None:
     assert app.screen_stack == []
     app.start_poll("hosts", lambda: None)  # raised IndexError before
     app.poll_cloud()
+
+
+def test_what_a_worker_posted_as_the_app_closed_is_dropped_after_its_screens_are_gone() -> None:
+    """A poll's report queued before quit can be handled after the screens are popped (seen in CI:
+    IndexError from `on_hosts_polled` in a lab test's teardown): every report handler drops it then."""
+    from gputui.dashboard.training import TrainingState
+    from gputui.ui.messages import (CloudNote, CostPolled, EventLine, HostsPolled, ProcessSignalled, RunStopping,
+                                    SlavesChanged, TrainingExited)
+    from gputui.ui.training_actions import RunGone
+
+    app = create_app(make_backend())
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("q")
+
+    drive(app, scenario)
+    assert app.screen_stack == []
+    polls = app.hosts_polls
+    app.on_hosts_polled(HostsPolled(None, "late"))  # raised IndexError before
+    app.on_cost_polled(CostPolled(None, "late"))
+    app.on_cloud_note(CloudNote("late"))
+    app.on_slaves_changed(SlavesChanged())
+    app.on_run_stopping(RunStopping(app.child, "late", True))
+    app.on_event_line(EventLine("late", "warning"))
+    app.on_process_signalled(ProcessSignalled("late", True))
+    app.on_training_update(TrainingUpdate(TrainingState(), app.generation))
+    app.on_training_line(TrainingLine("late", "error", app.generation))
+    app.on_training_exited(TrainingExited(0, "", app.generation))
+    app.on_run_gone(RunGone(app.generation))
+    assert app.hosts_polls == polls  # dropped, not half-handled

@@ -19,6 +19,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from gputui.dashboard.setup import Backend
 from gputui.model.errors import GputuiError
 from gputui.model.telemetry import HostState
+from gputui.ui.base import while_shown
 from gputui.ui.bindings import APP_LAB_ACTIONS, KEYS, PROGRAM_KEYS, bindings
 from gputui.ui.cost_panel import CostPanel
 from gputui.ui.curve_actions import CurveActions
@@ -65,6 +66,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         """From the child's threads: post, never touch the widgets."""
         self.post_message(RunStopping(child, text, log))
 
+    @while_shown
     def on_run_stopping(self, message: RunStopping) -> None:
         if message.child is not self.child:
             return
@@ -152,6 +154,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         """From the notifier's thread: a command or webhook that failed."""
         self.post_message(EventLine(line, "warning"))
 
+    @while_shown
     def on_hosts_polled(self, message: HostsPolled) -> None:
         self.hosts_polls += 1
         self.panel(StatusBar).done_waiting("hosts")
@@ -180,6 +183,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         self.set_timer(max(0.05, self.backend.options.host_interval_s - spent), self.poll_hosts, name="hosts-next")
 
     # cloud -------------------------------------------------------------------------
+    @while_shown
     def on_cost_polled(self, message: CostPolled) -> None:
         self.cloud_polls += 1
         self.panel(StatusBar).done_waiting("cloud")
@@ -198,15 +202,18 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         if message.disabled is None:
             self._cloud_timer = self.set_timer(self.backend.options.cloud_interval, self.poll_cloud, name="cloud-next")
 
+    @while_shown
     def on_cloud_note(self, message: CloudNote) -> None:
         self.say(message.text, message.severity, message.notify)
 
+    @while_shown
     def on_cloud_event_posted(self, message: CloudEventPosted) -> None:
         kind = message.event.kind
         severity = "warning" if kind in ("interrupted", "vanished", "orphan", "budget_warning") else (
             "error" if kind in ("budget_stop", "error") else "information")
         self.log_event(message.event.message, severity)
 
+    @while_shown
     def on_slaves_changed(self, _message: SlavesChanged) -> None:
         """Poll now rather than at the next tick (unless a poll runs: its end schedules the next)."""
         if self.cloud_disabled is None and not any(w.name == "cloud-poll" and w.is_running for w in self.workers):
@@ -214,6 +221,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
                 self._cloud_timer.stop()
             self.poll_cloud()
 
+    @while_shown
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A worker that failed unexpectedly: say so, never exit."""
         if event.state is WorkerState.ERROR:

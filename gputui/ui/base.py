@@ -6,10 +6,11 @@ The key handlers (gputui.ui.training_actions, gputui.ui.slave_actions) and the a
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from textual.app import App
 from textual.timer import Timer
@@ -28,6 +29,20 @@ from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView
 from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled
 from gputui.ui.status import StatusBar
+
+M = TypeVar("M")
+
+
+def while_shown(handler: Callable[[Any, M], None]) -> Callable[[Any, M], None]:
+    """A handler of what a worker or the run's threads post, called only while the dashboard's
+    screen is there: a report posted as the app closes (its screens already gone) is dropped."""
+
+    @functools.wraps(handler)
+    def handle(app: Any, message: M) -> None:
+        if app.screen_stack:
+            handler(app, message)
+
+    return handle
 from gputui.ui.training_panel import TrainingPanel
 
 if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame

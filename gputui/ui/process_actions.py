@@ -5,7 +5,7 @@ too, goes to the events log, never a traceback."""
 from __future__ import annotations
 
 from gputui.monitor.processes import ProcessRow
-from gputui.ui.base import DashboardBase
+from gputui.ui.base import DashboardBase, while_shown
 from gputui.ui.messages import EventLine, ProcessSignalled
 from gputui.ui.processes_panel import ProcessScreen, describe
 
@@ -49,11 +49,13 @@ class ProcessActions(DashboardBase):
             line, ok = f"kill failed: pid {row.pid} on {row.host}: {exc or type(exc).__name__}", False
         self.post_message(ProcessSignalled(line, ok))
 
+    @while_shown
     def on_process_signalled(self, message: ProcessSignalled) -> None:
         self.say(message.line, "information" if message.ok else "warning")
         screen = self.process_screen()
         if screen is not None:
             screen.result = message.line
 
+    @while_shown
     def on_event_line(self, message: EventLine) -> None:
         self.say(message.text, message.severity, message.notify)

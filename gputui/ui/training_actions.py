@@ -26,7 +26,7 @@ from gputui.model.errors import GputuiError
 from gputui.model.text import clean_tree
 from gputui.model.paths import runs_home
 from gputui.runs.store import EVENTS, read_events
-from gputui.ui.base import DashboardBase
+from gputui.ui.base import DashboardBase, while_shown
 from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
 
 
@@ -208,6 +208,7 @@ class TrainingActions(DashboardBase):
         if not follower.stopped:
             self.post_message(RunGone(generation))
 
+    @while_shown
     def on_run_gone(self, message: RunGone) -> None:
         if self.session.gone(message.generation):
             self.show_training()
@@ -277,14 +278,17 @@ class TrainingActions(DashboardBase):
                 self.run_facts = facts
             yield item
 
+    @while_shown
     def on_training_update(self, message: TrainingUpdate) -> None:
         if self.session.update(message.generation, message.state):
             self.show_training()
 
+    @while_shown
     def on_training_line(self, message: TrainingLine) -> None:
         if message.generation == self.generation:
             self.say(message.text, message.severity, notify=message.severity == "error")
 
+    @while_shown
     def on_training_exited(self, message: TrainingExited) -> None:
         notes = self.session.exited(message.generation, message.code, message.error)
         if notes is None:
