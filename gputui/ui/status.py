@@ -116,20 +116,31 @@ class DashboardFooter(Footer):
         for key in keys:
             if key.display and key.outer_size.width:
                 self._widths = {**self._widths, key.action: key.outer_size.width}
-        if any(key.action not in self._widths for key in keys):  # not measured yet: show all, measure next
-            for key in keys:
+        found = self.query("#footer-pinned")
+        pinned = found.first().outer_size.width if found else 0
+        if any(key.action not in self._widths for key in keys) or (found and not pinned):
+            for key in keys:  # not measured yet: show all, measure again
                 if not key.display:
                     key.display = True
-            tries = getattr(self, "_tries", 0)
-            if self.size.width and tries < 20:  # not laid out yet: measure again after the next frame
-                self._tries = tries + 1
-                self.call_after_refresh(self._fit_keys)
+            self._fit_again()
             return
         self._tries = 0
-        pinned = self.query("#footer-pinned")
-        room = self.size.width - (pinned.first().outer_size.width if pinned else 0)
+        room = self.size.width - pinned
         used = 0
         for key in keys:
             used += self._widths[key.action]
             if key.display != (used <= room):  # no restyle (and no new frame) when nothing changes
                 key.display = used <= room
+
+    def _fit_again(self) -> None:
+        """The keys (or the pinned ones) are not laid out yet: fit them after the next frame; on a
+        busy machine, where frames can come before the layout, every 0.2 s after 20 frames (for a
+        minute at most: a footer that is never laid out is not waited for forever)."""
+        tries = getattr(self, "_tries", 0)
+        if not self.size.width or tries >= 320:
+            return
+        self._tries = tries + 1
+        if tries < 20:
+            self.call_after_refresh(self._fit_keys)
+        else:
+            self.set_timer(0.2, self._fit_keys, name="footer-fit")
