@@ -58,7 +58,7 @@ class Raw:
 ENV = Raw('{ OMP_NUM_THREADS = "1" }')
 
 # A program that reports each step, checkpoints (state.json, report.log(checkpoint=True)) at
-# --ckpt-at, and waits at each --gate-at step for the file go<step> in --gates (unless it was
+# --ckpt-at (with --ckpt-gate, once the file ckpt<step> is in --gates), and waits at each --gate-at step for the file go<step> in --gates (unless it was
 # resumed; asked to stop there, rank 0 checkpoints first); `--ignore-term` ignores SIGTERM and the stop file; `--link-at` puts a link to /dev/zero
 # in its checkpoint directory at that step (with state.json rewritten) and reports a checkpoint.
 PROGRAM = r'''
@@ -75,6 +75,7 @@ p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--link-at", type=int, default=None)
 p.add_argument("--fail-at", type=int, default=None)
 p.add_argument("--silent", action="store_true", help="checkpoint without saying so (report.log(checkpoint=True))")
+p.add_argument("--ckpt-gate", action="store_true", help="before each checkpoint, wait for the file ckpt<step> in --gates")
 args = p.parse_args()
 if args.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -106,6 +107,8 @@ for step in range(start + 1, args.steps + 1):
         print(f"boom at step {step}", file=sys.stderr, flush=True)
         sys.exit(3)
     if rank == 0 and step in args.ckpt_at:
+        while args.ckpt_gate and not (args.gates / f"ckpt{step}").exists():
+            time.sleep(0.05)
         part = state.with_suffix(".part")
         part.write_text(json.dumps({"step": step, "pad": "x" * step}))
         os.replace(part, state)
@@ -334,12 +337,17 @@ def test_a_checkpoint_the_program_does_not_announce_is_pulled_every_checkpoint_p
     trust(gputui_home, node)
     code, gates = program_dir(tmp_path), tmp_path / "gates"
     gates.mkdir()
-    command = ["python", "prog.py", "--steps", "4", "--ckpt-at", "2", "--silent", "--gate-at", "2", "--gates", str(gates)]
+    command = ["python", "prog.py", "--steps", "4", "--ckpt-at", "2", "--silent", "--ckpt-gate", "--gate-at", "2",
+               "--gates", str(gates)]
     profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
                               {"command": command, "workdir": str(code), "env": ENV, "checkpoint_pull_s": 1.0},
                               master_trains=False)
     run_dir = tmp_path / "periodic"
     with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (periodic pulls)") as child:
+        # The checkpoint is written once the master has step 2's report: its file and the reports
+        # travel apart (SFTP and the node's output), so a pull could otherwise come first.
+        child.wait_for(lambda e: e["event"] == "metrics" and e.get("step") == 2, RUN_S, "step 2's report")
+        (gates / "ckpt2").touch()
         pulled = child.wait_for(lambda e: e["event"] == "checkpoint_pulled", RUN_S, "a periodic pull")
         assert pulled["step"] == 2 and pulled["files"] == 1  # the step the program was at (it said nothing)
         assert not any(e.get("checkpoint") for e in child.events if e["event"] == "metrics")

@@ -399,7 +399,7 @@ class ProgramAttempts(Attempts):
             got = ckpts.pull(source, self.checkpoint_dir, self.pulled)
         except (GputuiError, OSError) as exc:
             why = clean(str(exc) or type(exc).__name__, 300)
-            kept = (f"the checkpoint of step {self.pulled.step} is kept" if self.pulled.files
+            kept = (f"the checkpoint {_of_step(self.pulled.step)} is kept" if self.pulled.files
                     else "no checkpoint was pulled before")
             ctx.emit("warning", node=node.name, reason="checkpoint_refused",
                      message=f"checkpoint from {node.name} not pulled: {why}; {kept}")
@@ -413,8 +413,14 @@ class ProgramAttempts(Attempts):
         pulled.save(ctx.run.path)
         ctx.emit("checkpoint_pulled", node=node.name, step=pulled.step, files=files, bytes=size,
                  path=str(self.checkpoint_dir), seconds=round(time.perf_counter() - t0, 3),
-                 message=f"checkpoint of step {pulled.step} pulled from {node.name} ({plural(files, 'file')} changed, "
+                 message=f"checkpoint {_of_step(pulled.step)} pulled from {node.name} ({plural(files, 'file')} changed, "
                  f"{size} bytes)")
+
+
+def _of_step(step: int | None) -> str:
+    """Which step a pulled checkpoint is of, in words: a program that checkpoints without saying
+    so, before its first report, has none."""
+    return f"of step {step}" if step is not None else "(before any step was reported)"
 
 
 def _json_object(text: str) -> dict[str, Any]:
