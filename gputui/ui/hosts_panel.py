@@ -277,7 +277,10 @@ class HostsView(ScrollView, can_focus=True):
         if self.border_subtitle is None or subtitle.plain != str(self.border_subtitle):
             self.border_subtitle = subtitle
         self._built_width = width
-        self._old, self._cache = self._cache, {}
+        # The strips the last frame drew serve this round; when no frame came since the last
+        # rebuild (two rounds, or a resize and a round, in a row), the older ones stay.
+        if self._cache:
+            self._old, self._cache = self._cache, {}
         self.virtual_size = Size(width, len(header) + len(self._rows))
         self.refresh()
 
