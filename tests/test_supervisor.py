@@ -106,9 +106,12 @@ def test_the_group_signal_goes_only_to_a_group_the_live_root_leads(tmp_path: Pat
     assert sent == [leader.pid]
 
 
-def test_a_torn_read_of_the_process_table_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("error", [ValueError("invalid literal for int() with base 10: b'\\x00\\x00'"),
+                                   IndexError("list index out of range")])
+def test_a_torn_read_of_the_process_table_is_read_again(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     """psutil parses every /proc/PID/stat to find children; a read of a process being torn down once
-    came back as NUL bytes (ValueError in psutil): the tree reads again instead of failing a stop."""
+    came back as NUL bytes (ValueError in psutil), and once cut short (IndexError): the tree reads
+    again instead of failing a stop."""
     from gputui.model import supervisor
 
     calls = {"n": 0}
@@ -117,7 +120,7 @@ def test_a_torn_read_of_the_process_table_is_read_again(monkeypatch: pytest.Monk
     def torn(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
         calls["n"] += 1
         if calls["n"] == 1:
-            raise ValueError("invalid literal for int() with base 10: b'\\x00\\x00'")
+            raise error
         return real(self, recursive=recursive)
 
     monkeypatch.setattr(psutil.Process, "children", torn)

@@ -137,13 +137,14 @@ class Tree:
 def children_of(p: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
     """`p`'s children, or [] when `p` is gone. psutil reads every /proc/PID/stat for this, and one
     read while that process is being torn down can come back as NUL bytes (a ValueError in psutil's
-    parser, seen once on a busy machine while a stopped DDP run's workers exited): read again."""
+    parser, seen once on a busy machine while a stopped DDP run's workers exited; or cut short, an
+    IndexError, seen once more): read again."""
     for attempt in range(3):
         try:
             return p.children(recursive=recursive)
         except psutil.NoSuchProcess:
             return []
-        except (ValueError, OSError):
+        except (ValueError, IndexError, OSError):
             if attempt == 2:
                 return []
             time.sleep(0.01)
