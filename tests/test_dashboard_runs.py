@@ -161,7 +161,9 @@ def test_t_attaches_to_a_live_run_of_its_profile(medium_data: Path, gputui_home:
 
 
 def test_quit_keeps_the_run_going_headless_and_a_later_dashboard_attaches(medium_data: Path) -> None:
-    args = ["--data", str(medium_data), "--epochs", "40", "--threads", "1"]
+    # Epochs enough that the run ends only when the second dashboard stops it (40 could all be
+    # done, on a quiet machine, before the second dashboard pressed t: it then started a new run).
+    args = ["--data", str(medium_data), "--epochs", "5000", "--threads", "1"]
     first = create_app(make_backend(train_args=args))
 
     async def start_then_keep(pilot: Any) -> Any:
@@ -190,8 +192,13 @@ def test_quit_keeps_the_run_going_headless_and_a_later_dashboard_attaches(medium
 
         async def attach_and_stop(pilot: Any) -> None:
             await pilot.press("t")  # its profile's run is live: t follows it
-            await wait_for(pilot, lambda: second.training.status == "running" and second.attached == run, 60,
-                           "the run followed again")
+            try:
+                await wait_for(pilot, lambda: second.training.status == "running" and second.attached == run, 60,
+                               "the run followed again")
+            except AssertionError as exc:  # what the app did instead (seen once beside two hogs)
+                raise AssertionError(f"{exc}: status {second.training.status!r}, attached {second.attached}, "
+                                     f"child {second.child}, run {run.path}, live {runs.live_process(run)}\n"
+                                     f"{log_text(second)}") from None
             assert second.child is None and second.training.step >= first.training.step
             await pilot.press("t")
             await wait_for(pilot, lambda: second.training.status == "interrupted", 120, "the checkpoint")
