@@ -88,9 +88,9 @@ if report.resuming() and state.is_file():
 print(f"rank {rank} world {os.environ.get('WORLD_SIZE')} resume {os.environ.get('GPUTUI_RESUME')} "
       f"env {os.environ.get('OMP_NUM_THREADS')}", flush=True)
 
-def gate(step):
+def gate(step, name=None):
     deadline = time.monotonic() + 300
-    while not (args.gates / f"go{step}").exists():
+    while not (args.gates / (name or f"go{step}")).exists():
         if report.should_stop() and not args.ignore_term:
             if rank == 0:
                 state.write_text(json.dumps({"step": step}))
@@ -107,8 +107,8 @@ for step in range(start + 1, args.steps + 1):
         print(f"boom at step {step}", file=sys.stderr, flush=True)
         sys.exit(3)
     if rank == 0 and step in args.ckpt_at:
-        while args.ckpt_gate and not (args.gates / f"ckpt{step}").exists():
-            time.sleep(0.05)
+        if args.ckpt_gate:
+            gate(step, f"ckpt{step}")
         part = state.with_suffix(".part")
         part.write_text(json.dumps({"step": step, "pad": "x" * step}))
         os.replace(part, state)
