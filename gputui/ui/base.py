@@ -29,6 +29,15 @@ from gputui.ui.events_panel import EventsLog
 from gputui.ui.hosts_panel import HostsView
 from gputui.ui.messages import CloudEventPosted, CloudNote, CostPolled
 from gputui.ui.status import StatusBar
+from gputui.ui.training_panel import TrainingPanel
+
+if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
+    from gputui.monitor.alerts import RunFacts
+    from gputui.dashboard.alerting import DashboardAlerts
+    from gputui.dashboard.child import TrainingChild
+    from gputui.dashboard.slaves import SlaveControl
+    from gputui.runs.store import RunDir
+
 
 M = TypeVar("M")
 
@@ -43,14 +52,6 @@ def while_shown(handler: Callable[[Any, M], None]) -> Callable[[Any, M], None]:
             handler(app, message)
 
     return handle
-from gputui.ui.training_panel import TrainingPanel
-
-if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
-    from gputui.monitor.alerts import RunFacts
-    from gputui.dashboard.alerting import DashboardAlerts
-    from gputui.dashboard.child import TrainingChild
-    from gputui.dashboard.slaves import SlaveControl
-    from gputui.runs.store import RunDir
 
 
 PREVIEW_EVERY_S = 60.0  # how often the cloud poll prices the next `u` again
