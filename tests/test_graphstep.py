@@ -183,8 +183,10 @@ class FakeCuda:
         def graph(g: Graph) -> Iterator[None]:
             fake.log.append(f"capture on device={fake.device_depth > 0}")
             fake.stream = "capture"
+            fake.generator.state["capturing"] = True  # capture_begin's prologue
             yield  # the body runs here (on the CPU its kernels run now; on CUDA they are recorded)
             g.capture_end()  # raises before the stream is put back, as torch.cuda.graph.__exit__
+            fake.generator.state["capturing"] = False  # capture_end's epilogue, after it succeeds
             fake.stream = "default"
 
         @contextlib.contextmanager
@@ -210,6 +212,28 @@ class FakeCuda:
         def set_stream(stream: Stream) -> None:
             fake.stream = stream.name
 
+        class Generator:
+            """The device's default generator: a capture puts its state in capture mode and only
+            a capture_end() that succeeds takes it out (as torch's capture_epilogue); a draw in
+            capture mode outside a capture raises, as torch's does."""
+
+            def __init__(self, offset: int = 0) -> None:
+                self.state = {"offset": offset, "capturing": False}
+
+            def clone_state(self) -> "Generator":
+                return Generator(self.state["offset"])
+
+            def graphsafe_set_state(self, other: "Generator") -> None:
+                self.state = other.state
+
+            def draw(self) -> None:
+                if self.state["capturing"]:
+                    raise RuntimeError("Offset increment outside graph capture encountered unexpectedly.")
+                self.state["offset"] += 4
+
+        self.generator = Generator()
+
+        monkeypatch.setattr(torch.cuda, "default_generators", (self.generator,))
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "graph", graph)
         monkeypatch.setattr(torch.cuda, "device", device)
@@ -270,6 +294,24 @@ def test_a_capture_that_fails_in_capture_end_puts_the_stream_back(monkeypatch: p
     assert fake.stream == "default"
     assert reports == ["capture failed: RuntimeError: CUDA error: operation failed due to a previous error during capture"]
     assert gs.failed_at == WARMUP_STEPS and fake.graphs[0].released and gs.impl == "eager"
+
+
+def test_a_failed_capture_takes_the_random_generator_out_of_capture_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a capture_end() that fails, the device's generator is the copy taken before the
+    capture: out of capture mode, at the same offset, so the next random draw works (on an H100
+    it raised "Offset increment outside graph capture encountered unexpectedly")."""
+    fake = FakeCuda(monkeypatch)
+    fake.end_raises = True
+    gs = fake.step()
+    for step, idx in _batches(WARMUP_STEPS):
+        gs(step, idx, _lr(step))
+    fake.generator.draw()
+    before = fake.generator.state["offset"]
+    for step, idx in list(_batches(WARMUP_STEPS + 2))[WARMUP_STEPS:]:
+        gs(step, idx, _lr(step))
+    assert gs.impl == "eager" and gs.failed_at == WARMUP_STEPS
+    assert fake.generator.state == {"offset": before, "capturing": False}
+    fake.generator.draw()
 
 
 def test_a_fault_seen_at_the_sync_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,8 @@ Capture and replay run under `torch.cuda.device(x.device)`: without it a run on 
 (N > 0) captures on device 0's stream while its kernels go to device N, an empty graph. The
 first replay is checked once (some weight must move): a replay that moves nothing falls
 back. A capture that fails part-way (`torch.cuda.graph.__exit__` raises in `capture_end()`
-before it restores the stream) has its stream put back here. A fault inside a replay surfaces
+before it restores the stream) has its stream put back here, and the device's random generator
+taken out of capture mode (`_rng_spare`). A fault inside a replay surfaces
 at the next sync: `take()` syncs in a `try` and turns it into the same fallback, raising
 `GraphFault` so the caller goes back to its last good state (the weights after a faulted
 replay are not to be trusted).
@@ -173,6 +174,7 @@ class GraphStep:
         """Capture, then replay once (this step) and check that it moved the weights. False after
         falling back to eager steps (the step is then still to run)."""
         graph: Any = None
+        rng_back = _rng_spare(self.x.device)
         try:
             graph = torch.cuda.CUDAGraph()
             with self._on_device():
@@ -190,6 +192,7 @@ class GraphStep:
                 moved = any(not torch.equal(a, p) for a, p in zip(before, params))  # once per run
         except Exception as exc:  # noqa: BLE001 - any capture failure means: go on eagerly
             _release(graph)
+            rng_back()
             self._fall_back(f"capture failed: {_line(exc)}", step)
             return False
         if not moved and float(self.lr) != 0.0:
@@ -207,6 +210,28 @@ class GraphStep:
         self.capture = False
         self.impl = "eager"
         self.on_fallback(reason)
+
+
+def _rng_spare(device: torch.device) -> Callable[[], None]:
+    """A copy of `device`'s default random generator taken before a capture, and how to put it
+    back. A capture registers that generator (its `capture_prologue`) and only a `capture_end()`
+    that succeeds takes it out of capture mode: after one that fails, every later random draw
+    on the device raises "Offset increment outside graph capture encountered unexpectedly", and
+    an eager fallback would crash at its first one (seen on an H100 with torch 2.11). The copy
+    is not in capture mode and holds the seed and offset of before the capture (a capture's
+    draws only count inside the graph), so putting it back is exact. Best effort: a torch
+    without graph-safe generator states keeps what it has."""
+    try:
+        gen = torch.cuda.default_generators[device.index or 0]
+        spare = gen.clone_state()
+    except Exception:  # noqa: BLE001 - no such API or generator: nothing to put back
+        return lambda: None
+
+    def back() -> None:
+        with contextlib.suppress(Exception):
+            gen.graphsafe_set_state(spare)
+
+    return back
 
 
 def _release(graph: Any) -> None:
