@@ -92,13 +92,18 @@ def _starts_processes(obj: Any, seen: set[int]) -> bool:
         return False
     glob = getattr(func, "__globals__", {})
     for c in _codes(code):
+        # A helper reached as `module.name` (`gpu_runs.sgd_run`): the names a function uses
+        # include both, so each tests/ module it names is searched for the other names too.
+        modules = [m for name in c.co_names if inspect.ismodule(m := glob.get(name))
+                   and m.__name__.startswith("tests")]
         for name in c.co_names:
             if name in PROCESS_NAMES:
                 return True
-            target = glob.get(name)
-            if target is not None and str(getattr(target, "__module__", "")).startswith("tests") \
-                    and (inspect.isfunction(target) or inspect.isclass(target)) and _starts_processes(target, seen):
-                return True
+            for target in (glob.get(name), *(getattr(m, name, None) for m in modules)):
+                if target is not None and str(getattr(target, "__module__", "")).startswith("tests") \
+                        and (inspect.isfunction(target) or inspect.isclass(target)) \
+                        and _starts_processes(target, seen):
+                    return True
     return False
 
 
