@@ -21,7 +21,9 @@ BUDGET=${GPU_CHECK_BUDGET_S:-330}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gputui-gpu-check.XXXXXX")
-export PYTHONUNBUFFERED=1 GPUTUI_HOME="$WORK/home"
+# The benchmark scripts import gputui from this tree (on a lent machine nothing installs it; run as
+# `python benchmarks/x.py`, their own folder is first on sys.path, not the tree's root).
+export PYTHONUNBUFFERED=1 GPUTUI_HOME="$WORK/home" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 DATA_ARGS=()
 [ -n "${GPU_CHECK_DATA:-}" ] && DATA_ARGS=(--data "$GPU_CHECK_DATA")
 if [ "$DEVICE" = cpu ]; then  # dry run: every step, small sizes
