@@ -311,3 +311,26 @@ def test_what_a_worker_posted_as_the_app_closed_is_dropped_after_its_screens_are
     app.on_training_exited(TrainingExited(0, "", app.generation))
     app.on_run_gone(RunGone(app.generation))
     assert app.hosts_polls == polls  # dropped, not half-handled
+
+
+def test_a_report_handled_while_textual_takes_the_screen_apart_is_dropped() -> None:
+    """Textual's shutdown stops running, then removes a screen's widgets while the screen is still
+    on the stack: a report handled then found no StatusBar (NoMatches, seen in a profiling run).
+    The state is rebuilt after quit: a screen without the dashboard's widgets on the stack."""
+    from textual.screen import Screen
+
+    from gputui.ui.messages import CostPolled, HostsPolled
+
+    app = create_app(make_backend())
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("q")
+
+    drive(app, scenario)
+    app._screen_stacks["_default"].append(Screen())  # as in Textual's _close_all, mid-way
+    assert app.screen_stack and not app.is_running
+    polls = app.hosts_polls
+    app.on_hosts_polled(HostsPolled(None, "late"))  # raised NoMatches('StatusBar') before
+    app.on_cost_polled(CostPolled(None, "late"))
+    app.poll_hosts()  # a timer that fires then starts no poll
+    assert app.hosts_polls == polls and not [w for w in app.workers if w.name == "hosts-poll"]

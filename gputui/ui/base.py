@@ -42,13 +42,20 @@ if TYPE_CHECKING:  # the cloud layer loads in a worker, after the first frame
 M = TypeVar("M")
 
 
+def shown(app: App[Any]) -> bool:
+    """Whether the dashboard's screen is there to draw on. Not once the app shuts down: Textual
+    stops running first, then removes each screen's widgets while the screen is still on the
+    stack (a report handled then found no StatusBar: NoMatches), then empties the stack."""
+    return bool(app.screen_stack) and app.is_running
+
+
 def while_shown(handler: Callable[[Any, M], None]) -> Callable[[Any, M], None]:
     """A handler of what a worker or the run's threads post, called only while the dashboard's
-    screen is there: a report posted as the app closes (its screens already gone) is dropped."""
+    screen is there (`shown`): a report posted as the app closes is dropped."""
 
     @functools.wraps(handler)
     def handle(app: Any, message: M) -> None:
-        if app.screen_stack:
+        if shown(app):
             handler(app, message)
 
     return handle
@@ -137,7 +144,7 @@ class DashboardBase(App[None]):
     def start_poll(self, what: str, work: Callable[[], None]) -> None:
         """One poll in its worker; its message schedules the next, so polls never overlap.
         None once the app is closing (a timer can still fire after its screens are gone)."""
-        if not self.screen_stack or getattr(self, "_exit", False):
+        if not shown(self) or getattr(self, "_exit", False):
             return
         self.panel(StatusBar).waiting.setdefault(what, time.monotonic())
         self.run_worker(work, name=f"{what}-poll", group=what, thread=True, exclusive=True, exit_on_error=False)
