@@ -27,7 +27,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.css.scalar import Unit
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -142,6 +142,7 @@ class HostsView(ScrollView, can_focus=True):
         self._cache: dict[tuple[object, ...], Strip] = {}
         self._old: dict[tuple[object, ...], Strip] = {}
         self.built = 0  # lab strips built (the tests and the benchmark read it)
+        self._pass: tuple[int, Style] | None = None  # (width, base style) while the compositor draws
 
     def watch_frame(self) -> None:
         self._rebuild()
@@ -295,7 +296,8 @@ class HostsView(ScrollView, can_focus=True):
             strip = Strip([Segment(text, style) for text, style in line]).simplify()
             if chosen:
                 strip = strip.apply_style(self._style("hosts--cursor"))
-            strip = strip.apply_style(self.rich_style).extend_cell_length(width, self.rich_style).crop(0, width)
+            base = self._width_style()[1]
+            strip = strip.apply_style(base).extend_cell_length(width, base).crop(0, width)
         self._cache[key] = strip
         return strip
 
@@ -394,18 +396,32 @@ class HostsView(ScrollView, can_focus=True):
             pieces[-1] = pieces[-1][: max(0, width - indent - 1)] + "…"
         return [[(" " * indent + piece, self._style(style))] for piece in pieces]
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """One pass of the compositor over this panel's lines. Its content width and base style
+        are read once a pass, not once a line: each costs Textual a lookup of the widget in the
+        compositor's map or a walk of the ancestors' styles (at 64 hosts, a third of a frame)."""
+        self._pass = (self.scrollable_content_region.width, self.rich_style)
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._pass = None
+
+    def _width_style(self) -> tuple[int, Style]:
+        """The content width and base style: the pass's, or read now (a line drawn outside one)."""
+        return self._pass or (self.scrollable_content_region.width, self.rich_style)
+
     def render_line(self, y: int) -> Strip:
-        width = self.scrollable_content_region.width
+        width, base = self._width_style()
         if self.lab:
             if y < len(self._header):
                 return self._plain_strip(self._header[y], width).apply_offsets(0, y)
             index = self.scroll_offset.y + y - len(self._header)
             if index >= len(self._rows) or width <= 0:
-                return Strip.blank(width, self.rich_style)
+                return Strip.blank(width, base)
             return self._lab_strip(index, width).apply_offsets(0, index + len(self._header))
         index = self.scroll_offset.y + y
         if index >= len(self._lines):
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, base)
         strip = self._strips.get(index)
         if strip is None:
             strip = self._plain_strip(self._lines[index], width)
@@ -417,7 +433,8 @@ class HostsView(ScrollView, can_focus=True):
         strip = Strip(segments).simplify()
         if strip.cell_length > width:
             strip = Strip.join([strip.crop(0, max(0, width - 1)), Strip([Segment("…")])])
-        return strip.apply_style(self.rich_style).extend_cell_length(width, self.rich_style)
+        base = self._width_style()[1]
+        return strip.apply_style(base).extend_cell_length(width, base)
 
     def _host_lines(self, host: HostSnapshot, width: int) -> list[Line]:
         """The host's line; a reason that does not fit wraps onto the next lines (indented)."""
