@@ -311,6 +311,44 @@ def test_a_round_builds_only_the_lines_on_screen_and_reuses_unchanged_ones() -> 
     assert after - again <= height, (again, after, height)
 
 
+def test_a_pass_over_the_lab_reads_the_width_and_base_style_once() -> None:
+    """A screen of lab lines drawn in one compositor pass reads the panel's content region and
+    base style once (each costs Textual a map lookup or a walk of the ancestors' styles; read
+    per line, they were a third of a frame), and every line still gets them."""
+    from textual.widget import Widget
+
+    app = create_app(make_backend(sim_hosts=64, sim_gpus=8, interval=3600, clock=Clock()))
+    reads = {"region": 0, "style": 0}
+    region, style = Widget.scrollable_content_region, Widget.rich_style
+
+    def counted(name: str, prop: Any) -> property:
+        def get(widget: Any) -> Any:
+            if isinstance(widget, HostsView):
+                reads[name] += 1
+            return prop.fget(widget)
+
+        return property(get)
+
+    async def scenario(pilot: Any) -> tuple[int, int, int]:
+        view = app.query_one(HostsView)
+        await wait_for(pilot, lambda: view.lab and view.frame is not None, what="the lab view")
+        await pilot.pause()
+        Widget.scrollable_content_region = counted("region", region)  # type: ignore[assignment,method-assign]
+        Widget.rich_style = counted("style", style)  # type: ignore[assignment,method-assign]
+        try:
+            lines = view.render_lines(view.region.reset_offset)
+        finally:
+            Widget.scrollable_content_region, Widget.rich_style = region, style  # type: ignore[misc]
+        names = [row.name for row in view.lab_rows[:5]]
+        drawn = "\n".join(line.text for line in lines)
+        assert len(lines) == view.region.height and all(name in drawn for name in names), drawn
+        return len(lines), reads["region"], reads["style"]
+
+    lines, region_reads, style_reads = drive(app, scenario)
+    assert lines >= 10
+    assert (region_reads, style_reads) == (1, 1), (region_reads, style_reads)
+
+
 def test_the_help_lists_the_lab_keys() -> None:
     app = lab_app()
 

@@ -15,10 +15,10 @@ from collections import deque
 from rich.segment import Segment
 from rich.text import Text
 from textual.geometry import Size
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gputui.model.text import clean
+from gputui.ui.lines import LinesView
 
 MAX_LINE = 2000  # characters of one event (remote text); a longer one ends in an ellipsis
 MAX_EVENTS = 1000
@@ -26,7 +26,7 @@ SEVERITY_CLASS = {"information": "events--info", "warning": "events--warn", "err
                   "alert": "events--alert", "cleared": "events--cleared"}  # alerts: highlighted
 
 
-class EventsLog(ScrollView, can_focus=True):
+class EventsLog(LinesView, can_focus=True):
     COMPONENT_CLASSES = {"events--info", "events--warn", "events--bad", "events--time", "events--alert", "events--cleared"}
 
     def __init__(self, **kwargs: object) -> None:
@@ -122,8 +122,8 @@ class EventsLog(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         index = self.scroll_offset.y + y
-        width = self.scrollable_content_region.width
+        width, base = self.width_style()
         if index >= len(self._rows):
-            return Strip.blank(width, self.rich_style)
-        strip = self._rows[index].apply_style(self.rich_style).extend_cell_length(width, self.rich_style)
+            return Strip.blank(width, base)
+        strip = self._rows[index].apply_style(base).extend_cell_length(width, base)
         return strip.crop(0, width).apply_offsets(0, index)

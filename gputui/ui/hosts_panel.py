@@ -27,10 +27,9 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.css.scalar import Unit
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gputui.model import units
@@ -40,6 +39,7 @@ from gputui.model.text import clean
 from gputui.monitor.lab import HostLine, LabFilter
 from gputui.ui.bindings import lab_bindings
 from gputui.ui.draw import bar, sparkline
+from gputui.ui.lines import LinesView
 from gputui.ui import lab_panel
 
 BUSY_PCT = 5.0  # a GPU this busy or more that is throttled shows why (an idle GPU's clocks are low anyway)
@@ -93,7 +93,7 @@ def gpu_layout(width: int, throttle: str) -> tuple[int, int, int, int]:
     return bar_w, name_w, throttle_w, spark_w
 
 
-class HostsView(ScrollView, can_focus=True):
+class HostsView(LinesView, can_focus=True):
     """The hosts panel: one line per host, one per GPU; the lab view (one line per host) when
     they do not fit. `only`: draw that host alone (the host screen), never the lab view."""
 
@@ -142,7 +142,6 @@ class HostsView(ScrollView, can_focus=True):
         self._cache: dict[tuple[object, ...], Strip] = {}
         self._old: dict[tuple[object, ...], Strip] = {}
         self.built = 0  # lab strips built (the tests and the benchmark read it)
-        self._pass: tuple[int, Style] | None = None  # (width, base style) while the compositor draws
 
     def watch_frame(self) -> None:
         self._rebuild()
@@ -296,7 +295,7 @@ class HostsView(ScrollView, can_focus=True):
             strip = Strip([Segment(text, style) for text, style in line]).simplify()
             if chosen:
                 strip = strip.apply_style(self._style("hosts--cursor"))
-            base = self._width_style()[1]
+            base = self.width_style()[1]
             strip = strip.apply_style(base).extend_cell_length(width, base).crop(0, width)
         self._cache[key] = strip
         return strip
@@ -396,22 +395,8 @@ class HostsView(ScrollView, can_focus=True):
             pieces[-1] = pieces[-1][: max(0, width - indent - 1)] + "…"
         return [[(" " * indent + piece, self._style(style))] for piece in pieces]
 
-    def render_lines(self, crop: Region) -> list[Strip]:
-        """One pass of the compositor over this panel's lines. Its content width and base style
-        are read once a pass, not once a line: each costs Textual a lookup of the widget in the
-        compositor's map or a walk of the ancestors' styles (at 64 hosts, a third of a frame)."""
-        self._pass = (self.scrollable_content_region.width, self.rich_style)
-        try:
-            return super().render_lines(crop)
-        finally:
-            self._pass = None
-
-    def _width_style(self) -> tuple[int, Style]:
-        """The content width and base style: the pass's, or read now (a line drawn outside one)."""
-        return self._pass or (self.scrollable_content_region.width, self.rich_style)
-
     def render_line(self, y: int) -> Strip:
-        width, base = self._width_style()
+        width, base = self.width_style()
         if self.lab:
             if y < len(self._header):
                 return self._plain_strip(self._header[y], width).apply_offsets(0, y)
@@ -433,7 +418,7 @@ class HostsView(ScrollView, can_focus=True):
         strip = Strip(segments).simplify()
         if strip.cell_length > width:
             strip = Strip.join([strip.crop(0, max(0, width - 1)), Strip([Segment("…")])])
-        base = self._width_style()[1]
+        base = self.width_style()[1]
         return strip.apply_style(base).extend_cell_length(width, base)
 
     def _host_lines(self, host: HostSnapshot, width: int) -> list[Line]:
