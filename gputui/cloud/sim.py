@@ -24,6 +24,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,8 @@ def _read_keys(path: str) -> tuple[str, ...]:
     return tuple(" ".join(ln.split()[:2]) for ln in lines if len(ln.split()) >= 2)
 
 
+CALLS_KEPT = 10_000
+
 class SimProvider:
     """CloudProvider in memory (or in a JSON state file shared by processes)."""
 
@@ -104,7 +107,9 @@ class SimProvider:
         self.state_path = state_path
         self._lock = threading.Lock()
         self._memory: dict[str, Any] = {"next": 0, "instances": {}, "key_pairs": {}, "groups": {}}
-        self.calls: list[str] = []  # operations served, for tests and the demo's activity view
+        # The operations served, newest last, for tests and the demo's activity view; the last
+        # CALLS_KEPT only (a demo left open polls every 2 s: a list grew without end).
+        self.calls: deque[str] = deque(maxlen=CALLS_KEPT)
 
     @classmethod
     def from_env(cls, region: str, state_path: Path) -> "SimProvider":
