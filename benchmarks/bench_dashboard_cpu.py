@@ -26,6 +26,8 @@ libraries at the end of each window.
     python benchmarks/bench_dashboard_cpu.py [--seconds 20] [--warmup 5] [--rate 1000]
     python benchmarks/bench_dashboard_cpu.py --only idle --hosts 256 --gpus 8   (a lab: the hosts
         panel shows its lab view, one line per host, at 120x40 from 5 hosts x 8 GPUs on)
+    python benchmarks/bench_dashboard_cpu.py --hosts 64 --against /tmp/old --rounds 3   (idle, this
+        tree against another checkout, alternated in one run: `git worktree add /tmp/old COMMIT`)
 """
 
 from __future__ import annotations
@@ -148,10 +150,12 @@ class Tmux:
         subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
 
 
-def start_dashboard(home: Path, hosts: int, gpus: int, profile: Path | None = None) -> tuple[Tmux, psutil.Process]:
+def start_dashboard(home: Path, hosts: int, gpus: int, profile: Path | None = None,
+                    repo: Path = REPO) -> tuple[Tmux, psutil.Process]:
+    """The demo dashboard of the gputui in `repo` (this tree, or another checkout with --against)."""
     env = {"GPUTUI_HOME": str(home), "GPUTUI_DEMO_HOSTS": str(hosts), "GPUTUI_DEMO_GPUS": str(gpus),
            "TERM": "xterm-256color"}
-    command = (f"cd {shlex.quote(str(REPO))} && exec env "
+    command = (f"cd {shlex.quote(str(repo))} && exec env "
                + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
                + f" {shlex.quote(sys.executable)} -m gputui --demo"
                + (f" --profile {shlex.quote(str(profile))}" if profile is not None else ""))
@@ -241,8 +245,8 @@ def measure(proc: psutil.Process, tmux: Tmux, seconds: float) -> dict[str, Any]:
 
 
 # the two measurements -----------------------------------------------------------------------------
-def idle(home: Path, args: argparse.Namespace) -> dict[str, Any]:
-    tmux, proc = start_dashboard(home, args.hosts, args.gpus)
+def idle(home: Path, args: argparse.Namespace, repo: Path = REPO) -> dict[str, Any]:
+    tmux, proc = start_dashboard(home, args.hosts, args.gpus, repo=repo)
     try:
         time.sleep(args.warmup)
         result = measure(proc, tmux, args.seconds)
@@ -339,6 +343,30 @@ def program(home: Path, args: argparse.Namespace) -> dict[str, Any]:
             tmux.kill()
 
 
+def against(args: argparse.Namespace) -> int:
+    """Idle CPU of two trees' dashboards, alternated in one run (the order swapped every round),
+    so that the machine's load and CPU accounting weigh on both alike."""
+    import statistics
+
+    other = args.against.resolve()
+    if not (other / "gputui" / "__init__.py").is_file():
+        raise SystemExit(f"bench_dashboard_cpu: --against {other}: not a gputui checkout (no gputui/__init__.py)")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); idle, {args.hosts} sim hosts x "
+          f"{args.gpus} GPUs, {args.seconds:g} s windows; old = {other}, new = {REPO}")
+    found: dict[str, list[float]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(args.rounds):
+            order = [("old", other), ("new", REPO)]
+            for name, repo in (order if n % 2 == 0 else order[::-1]):
+                r = idle(Path(tmp) / f"{name}{n}", args, repo)
+                found[name].append(r["cpu_pct"])
+                print(f"  round {n + 1} {name}: {r['cpu_pct']:.2f}% of one core (load {os.getloadavg()[0]:.2f})")
+    old, new = statistics.median(found["old"]), statistics.median(found["new"])
+    print(f"median old {old:.2f}%, new {new:.2f}%: new/old {new / old:.2f}; budget {IDLE_BUDGET_PCT:.0f}%")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="gputui dashboard: idle CPU, and CPU with a run streaming events")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window (default 20 s)")
@@ -349,9 +377,15 @@ def main() -> int:
     parser.add_argument("--only", choices=("idle", "stream", "program"), help="one of the measurements")
     parser.add_argument("--feed", action="store_true", help=argparse.SUPPRESS)  # be the stand-in run
     parser.add_argument("--profile", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--against", type=Path, metavar="TREE",
+                        help="idle only: alternate this tree's dashboard with TREE's (another checkout, e.g. a "
+                             "`git worktree add` of an older commit), --rounds times, and print new/old")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: rounds of (TREE, this tree)")
     args = parser.parse_args()
     if args.feed:
         return feed(args.rate, args.profile)
+    if args.against is not None:
+        return against(args)
     failed = False
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory() as tmp:
