@@ -5,6 +5,7 @@ budget stops new trials; the slave is released at the end and the ledger names t
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from gputui.model.cloud import ENDED_STATES, InstanceInfo
 from gputui.sweep import scheduler as sched
 from gputui.sweep import study as studies
 from gputui.sweep.cloudslots import CloudFleet, sweep_cluster
+from gputui.sweep.hostcode import program_code
 from gputui.sweep.sim import SimSlot
 from gputui.sweep.space import parse_text
 
@@ -57,14 +59,17 @@ class Seen:
 
 
 def fleet(cluster_nodes: ClusterNodes, medium_data: Path, tmp_path: Path, gputui_home: Path, name: str,
-          node: int, run: str = "epochs = 1\n") -> tuple[Any, Any, SimProvider, CloudFleet]:
+          node: int, run: str = "epochs = 1\n", program: str | None = None) -> tuple[Any, Any, SimProvider, CloudFleet]:
+    """A sweep profile with one simulated spot slave (a loopback sshd); `program`: the [run] table's
+    keys of a program sweep instead of the fast net's."""
     machine = cluster_nodes.node(node)
     key = tmp_path / "id.pub"
     key.write_text(public_key_line() + "\n")
-    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\n{run}\n'
+    table = program if program is not None else f'model = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\n{run}'
+    text = (f'[run]\n{table}\n'
             f'[cloud]\nbudget_usd = 50.0\nzones = ["us-east-1a"]\nssh_cidr = "198.51.100.7/32"\npublic_key = "{key}"\n'
             f'count = 1\n\n[sweep]\nname = "{name}"\ntrials = 10\nthreads = 1\npruner = "none"\n'
-            f'lr = [1e-3, 3e-2]\n')
+            + ('lr = [1e-3, 3e-2]\n' if program is None else '\n[sweep.params]\nlr = {low = 1e-3, high = 3e-2, log = true}\n'))
     profile, spec = parse_text(text, tmp_path / f"{name}.toml")
     settings = sweep_cluster(profile, spec)
     provider = SimProvider(script=SimScript(seed=1, launch_delay_s=0.3, shutdown_delay_s=0.1,
@@ -74,8 +79,9 @@ def fleet(cluster_nodes: ClusterNodes, medium_data: Path, tmp_path: Path, gputui
     def host_spec(info: InstanceInfo) -> HostSpec:  # the instance "is" the loopback sshd
         return HostSpec(info.instance_id, machine.address, machine.port, "root", cluster_nodes.user_key)
 
+    code = program_code(profile, spec, tmp_path / "logs")
     return profile, spec, provider, CloudFleet(profile, spec, SlaveManager(settings, ctx, host_spec=host_spec),
-                                               ssh_wait_s=60)
+                                               ssh_wait_s=60, code=code)
 
 
 def test_a_budgeted_sweep_on_a_cloud_slave_stops_at_the_budget_and_releases_it(
@@ -150,4 +156,41 @@ def test_a_spot_notice_ends_the_cloud_worker_and_its_trial_runs_again_elsewhere(
     assert again.state.name == "COMPLETE" and again.user_attrs["attempts"] == 2 and again.user_attrs["slot"] == "sim"
     assert progress.done == 5 and len([t for t in study.get_trials() if studies.counted(t)]) == 5
     assert cloud.released == cloud.started
+    assert not sweep_processes(gputui_home, cloud.hosts[0].boot.base)
+
+
+def test_a_program_sweep_on_a_cloud_slave_sends_the_code_there_once_and_scores_each_trial(
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path) -> None:
+    """The user's own program swept on a slave the sweep starts: the workdir goes to the slave once
+    (after its bootstrap), each trial runs in that code directory and scores what the program
+    reports, and the slave is released at the end."""
+    from .test_sweep_program_hosts import PROGRAM, SCORING, expected_value
+
+    work = tmp_path / "code"
+    work.mkdir()
+    (work / "train.py").write_text(PROGRAM.format(local="(no local slot)", marker=str(tmp_path / "started"), hold=0))
+    (work / "scoring.py").write_text(SCORING)
+    program = (f'command = ["python", "train.py", "--lr", "{{lr}}"]\ndevice = "cpu"\nworkdir = "{work}"\n'
+               'objective = "val_acc"\ndirection = "maximize"\n')
+    profile, spec, provider, cloud = fleet(cluster_nodes, medium_data, tmp_path, gputui_home, "prog", 3,
+                                           program=program)
+    spec = replace(spec, trials=3)
+    assert cloud.code is not None
+    slots = cloud.start()
+    assert len(slots) == 1 and len(cloud.started) == 1
+    view = Seen([0.0])
+    study = studies.create(spec)
+    progress = sched.Scheduler(study, spec, profile.run, slots, view).run()
+
+    trials = study.get_trials()
+    assert progress.done == 3 and [t.state.name for t in trials] == ["COMPLETE"] * 3, view.lines
+    for t in trials:
+        assert t.value == expected_value(t.params["lr"]), (t.number, t.params, t.value)
+        assert t.user_attrs["slot"] == slots[0].name
+    code = view.of("code")
+    assert len(code) == 1 and code[0]["sent_files"] == 2, code  # once, before the slave's worker started
+    code_dir = Path(code[0]["code_dir"])
+    assert sorted(json.loads((code_dir / ".gputui-sync.json").read_text())["files"]) == ["scoring.py", "train.py"]
+    assert cloud.released == cloud.started
+    assert all(i.state in ENDED_STATES for i in provider.describe(cloud.started))
     assert not sweep_processes(gputui_home, cloud.hosts[0].boot.base)
