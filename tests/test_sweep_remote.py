@@ -185,34 +185,58 @@ def test_a_gpu_host_gets_trials_per_gpu_workers_on_each_of_its_gpus(sshd_factory
     assert [(s.name, s.device, s.threads) for s in cpu] == [("box-cpu", "cpu", 1)]  # a CPU host: one worker
 
 
-class KillAfterFirstEpoch(DropOnFirstEval):
-    """At the end of a remote trial's first epoch (its checkpoint written), its worker is SIGKILLed."""
+class KillAtFirstEpoch:
+    """The SSH worker of `home`'s host is SIGKILLed as its reader takes the first `epoch` event of a
+    trial off the channel (its checkpoint is written by then), before any later line of the worker
+    is read. Killing at the scheduler's handling of that event instead came too late on a busy
+    machine: the reader had already read the trial's result, and there was no trial left to pull."""
 
-    def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+        import json
+
+        from gputui.sweep.remote import SSHHandle
+
+        self.trial: int | None = None
+        original = SSHHandle.lines
+        kill = self
+
+        def lines(handle: SSHHandle) -> Any:
+            for line in original(handle):
+                if kill.trial is None and '"epoch"' in line:
+                    message = json.loads(line)
+                    if message.get("op") == "event" and message["data"].get("event") == "epoch":
+                        kill.trial = message["trial"]
+                        kill.kill(home)
+                yield line
+
+        monkeypatch.setattr(SSHHandle, "lines", lines)
+
+    @staticmethod
+    def kill(home: Path) -> None:
         import psutil
 
-        if slot == self.slot and event.get("event") == "epoch" and self.dropped_trial is None:
-            self.dropped_trial = trial
-            found = [p for p in psutil.process_iter(["cmdline"])
-                     if "-m gputui worker" in " ".join(p.info["cmdline"] or []) and str(self.server.home)
-                     in " ".join(p.info["cmdline"] or [])]
-            assert len(found) == 1, found
-            found[0].kill()
+        found = [p for p in psutil.process_iter(["cmdline"])
+                 if "-m gputui worker" in " ".join(p.info["cmdline"] or []) and str(home) in " ".join(p.info["cmdline"] or [])]
+        assert len(found) == 1, found
+        found[0].kill()
 
 
 def test_a_remote_worker_killed_mid_trial_hands_its_checkpoint_back_and_the_retry_resumes_from_it(
-        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path) -> None:
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from gputui.sweep.remote import remote_slots
 
     server = cluster_nodes.node(2)
     trust(gputui_home, server)
-    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 3\ncheckpoint_every_s = 0\n\n'
+    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 4\ncheckpoint_every_s = 0\n\n'
             f'{host_table(server, cluster_nodes.user_key, "n2")}\n'
             '[sweep]\nname = "ck"\ntrials = 3\nthreads = 1\npruner = "none"\nlr = [1e-3, 3e-2]\n')
     profile, spec = parse_text(text, tmp_path / "ck.toml")
     ssh = remote_slots(profile, spec)
     sim = SimSlot("sim")
-    view = KillAfterFirstEpoch(server, "n2-cpu")
+    assert server.home is not None
+    killer = KillAtFirstEpoch(monkeypatch, server.home)
+    view = DropOnFirstEval(server, "(no slot: the host stays)")
     study = studies.create(spec)
     scheduler = sched.Scheduler(study, spec, profile.run, ssh, view)
     original = scheduler._start
@@ -225,10 +249,11 @@ def test_a_remote_worker_killed_mid_trial_hands_its_checkpoint_back_and_the_retr
     scheduler._start = start  # type: ignore[method-assign]
     progress = scheduler.run()
 
-    killed = view.dropped_trial
+    killed = killer.trial
     assert killed is not None, view.lines
     local = studies.trial_dir("ck", killed)
-    assert (local / "ckpt.pt").is_file()  # pulled back from the host after the worker's death
+    said = [f for k, f in view.lines if k in ("slot", "warning")]
+    assert (local / "ckpt.pt").is_file(), said  # pulled back from the host after the worker's death
     retry = [f for k, f in view.lines if k == "trial" and f["trial"] == killed and f["attempt"] == 2]
     assert retry and retry[0]["resume"] is True, view.lines  # the retry goes on from it
     assert progress.done == 3 and len(counted(study.get_trials())) == 3
