@@ -107,7 +107,7 @@ def test_the_group_signal_goes_only_to_a_group_the_live_root_leads(tmp_path: Pat
 
 
 @pytest.mark.parametrize("error", [ValueError("invalid literal for int() with base 10: b'\\x00\\x00'"),
-                                   IndexError("list index out of range")])
+                                   IndexError("list index out of range"), OSError(9, "Bad file descriptor")])
 def test_a_torn_read_of_the_process_table_is_read_again(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     """psutil parses every /proc/PID/stat to find children; a read of a process being torn down once
     came back as NUL bytes (ValueError in psutil), and once cut short (IndexError): the tree reads
@@ -126,3 +126,32 @@ def test_a_torn_read_of_the_process_table_is_read_again(monkeypatch: pytest.Monk
     monkeypatch.setattr(psutil.Process, "children", torn)
     assert supervisor.children_of(psutil.Process()) == real(psutil.Process())
     assert calls["n"] == 2
+
+
+def test_a_stop_reads_the_table_again_when_opening_this_process_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop thread of a DDP run once failed to open this very process's /proc stat (OSError
+    EBADF, in `psutil.Process()`), and printed a traceback: a refresh reads again, and a process
+    whose table cannot be read at all stays known (it is signalled again, not forgotten)."""
+    from gputui.model import supervisor
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tree = Tree(proc, marker="(none)")
+        real = psutil.Process.__init__
+        fails = {"n": 0}
+
+        def flaky(self: psutil.Process, pid: int | None = None) -> None:
+            if fails["n"] < 2:
+                fails["n"] += 1
+                raise OSError(9, "Bad file descriptor")
+            real(self, pid)
+
+        monkeypatch.setattr(psutil.Process, "__init__", flaky)
+        assert [p.pid for p in tree.refresh()] == [proc.pid]
+        assert fails["n"] == 2
+        monkeypatch.setattr(psutil.Process, "__init__", real)
+        monkeypatch.setattr(psutil.Process, "status", lambda self: (_ for _ in ()).throw(OSError(9, "Bad file descriptor")))
+        assert supervisor._alive(psutil.Process(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait(30)

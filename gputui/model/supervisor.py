@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import psutil
 
@@ -70,18 +70,16 @@ class Tree:
     def refresh(self) -> list[psutil.Process]:
         """Every live process of the tree (also remembered for later)."""
         found: list[psutil.Process] = []
-        roots = []
-        try:
-            roots.append(psutil.Process(self.proc.pid))
-        except psutil.NoSuchProcess:
-            pass
-        if self.marker:
-            for child in children_of(psutil.Process()):
+        roots = [root for root in (read_table(lambda: psutil.Process(self.proc.pid), None),) if root is not None]
+        marker = self.marker
+        here = read_table(psutil.Process, None) if marker else None
+        if marker and here is not None:
+            for child in children_of(here):
                 try:
-                    if child.pid != self.proc.pid and self.marker in " ".join(child.cmdline()):
+                    if child.pid != self.proc.pid and marker in " ".join(child.cmdline()):
                         roots.append(child)
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
+                except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, ValueError):
+                    continue  # gone, not ours, or its table torn (the next refresh reads it again)
         for root in roots:
             found += [root, *children_of(root, recursive=True)]
         with self._lock:
@@ -134,28 +132,36 @@ class Tree:
                 pass
 
 
-def children_of(p: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
-    """`p`'s children, or [] when `p` is gone. psutil reads every /proc/PID/stat for this, and one
-    read while that process is being torn down can come back as NUL bytes (a ValueError in psutil's
-    parser, seen once on a busy machine while a stopped DDP run's workers exited; or cut short, an
-    IndexError, seen once more): read again."""
+T = TypeVar("T")
+
+
+def read_table(read: Callable[[], T], gone: T) -> T:
+    """One read of the process table through psutil, or `gone` when the process has gone. psutil
+    parses /proc/PID/stat, and a read while that process is being torn down came back as NUL bytes
+    (a ValueError in psutil's parser, seen once on a busy machine while a stopped DDP run's workers
+    exited), cut short (IndexError, once more), or failed to open (OSError EBADF, once, reading this
+    very process's stat from the stop thread): read again, three times at most, then `gone`."""
     for attempt in range(3):
         try:
-            return p.children(recursive=recursive)
+            return read()
         except psutil.NoSuchProcess:
-            return []
+            return gone
         except (ValueError, IndexError, OSError):
             if attempt == 2:
-                return []
+                return gone
             time.sleep(0.01)
-    return []
+    return gone
+
+
+def children_of(p: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+    """`p`'s children, or [] when `p` is gone (or its table cannot be read: `read_table`)."""
+    return read_table(lambda: p.children(recursive=recursive), [])
 
 
 def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    """Whether `p` still runs (not a zombie). A table that cannot be read counts as alive: the
+    process stays known, and a stop signals it again, rather than forgetting one that runs."""
+    return read_table(lambda: p.is_running() and p.status() != psutil.STATUS_ZOMBIE, True)
 
 
 class stop_on_signals:
