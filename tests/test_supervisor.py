@@ -134,7 +134,8 @@ def test_a_stop_reads_the_table_again_when_opening_this_process_fails(monkeypatc
     whose table cannot be read at all stays known (it is signalled again, not forgotten)."""
     from gputui.model import supervisor
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A process that lives until the test closes its stdin (no clock: it ends on that event).
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         tree = Tree(proc, marker="(none)")
         real = psutil.Process.__init__
@@ -153,5 +154,10 @@ def test_a_stop_reads_the_table_again_when_opening_this_process_fails(monkeypatc
         monkeypatch.setattr(psutil.Process, "status", lambda self: (_ for _ in ()).throw(OSError(9, "Bad file descriptor")))
         assert supervisor._alive(psutil.Process(proc.pid))
     finally:
-        proc.kill()
-        proc.wait(30)
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
