@@ -284,7 +284,7 @@ class HostsView(LinesView, can_focus=True):
         self.virtual_size = Size(width, len(header) + len(self._rows))
         self.refresh()
 
-    def _lab_strip(self, index: int, width: int) -> Strip:
+    def _lab_strip(self, index: int, width: int, base: Style) -> Strip:
         row = self._rows[index]
         chosen = index == self._cursor and self.has_focus
         key = (row, width, self._layout, chosen)
@@ -295,7 +295,6 @@ class HostsView(LinesView, can_focus=True):
             strip = Strip([Segment(text, style) for text, style in line]).simplify()
             if chosen:
                 strip = strip.apply_style(self._style("hosts--cursor"))
-            base = self.width_style()[1]
             strip = strip.apply_style(base).extend_cell_length(width, base).crop(0, width)
         self._cache[key] = strip
         return strip
@@ -399,26 +398,25 @@ class HostsView(LinesView, can_focus=True):
         width, base = self.width_style()
         if self.lab:
             if y < len(self._header):
-                return self._plain_strip(self._header[y], width).apply_offsets(0, y)
+                return self._plain_strip(self._header[y], width, base).apply_offsets(0, y)
             index = self.scroll_offset.y + y - len(self._header)
             if index >= len(self._rows) or width <= 0:
                 return Strip.blank(width, base)
-            return self._lab_strip(index, width).apply_offsets(0, index + len(self._header))
+            return self._lab_strip(index, width, base).apply_offsets(0, index + len(self._header))
         index = self.scroll_offset.y + y
         if index >= len(self._lines):
             return Strip.blank(width, base)
         strip = self._strips.get(index)
         if strip is None:
-            strip = self._plain_strip(self._lines[index], width)
+            strip = self._plain_strip(self._lines[index], width, base)
             self._strips[index] = strip
         return strip.crop(0, width).apply_offsets(0, index)
 
-    def _plain_strip(self, line: Line, width: int) -> Strip:
+    def _plain_strip(self, line: Line, width: int, base: Style) -> Strip:
         segments = [Segment(text, style) for text, style in line]
         strip = Strip(segments).simplify()
         if strip.cell_length > width:
             strip = Strip.join([strip.crop(0, max(0, width - 1)), Strip([Segment("…")])])
-        base = self.width_style()[1]
         return strip.apply_style(base).extend_cell_length(width, base)
 
     def _host_lines(self, host: HostSnapshot, width: int) -> list[Line]:
