@@ -204,7 +204,7 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
     from gputui.train.distributed import error_event
     from gputui.train.loop import StopFlag, Trainer
 
-    warm_dynamo()  # gputui's modules are in: the optimizer's import of torch._dynamo starts now
+    warm_dynamo()  # gputui's modules are in: an optimizer that needs torch._dynamo finds it sooner
     device, why = resolve_device(cfg.device)
     if cfg.device == "auto" and device.type == "cuda" and cfg.strategy == "single":
         device, why = _free_gpu(device, why, run.profile)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gputui.train import nets
+from gputui.train import nets, optim
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (the allocator and cuDNN settle)
 
@@ -45,10 +45,8 @@ def graph_optimizer(name: str, params: Any, lr: float, device: torch.device, bet
                     momentum: float = 0.0, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """The optimizer a graph can replay: fused, with the learning rate as a tensor on `device`."""
     rate = torch.tensor(float(lr), dtype=torch.float32, device=device)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=rate, betas=betas, weight_decay=weight_decay, fused=True,
-                                capturable=device.type == "cuda")
-    return torch.optim.SGD(params, lr=rate, momentum=momentum, weight_decay=weight_decay, fused=True)
+    impl = {"capturable": device.type == "cuda"} if name == "adam" else {}
+    return optim.build(name, params, rate, betas, momentum, weight_decay, fused=True, **impl)
 
 
 class GraphFault(RuntimeError):

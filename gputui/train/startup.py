@@ -3,10 +3,11 @@
 From the command to the first step, a run spends most of its time importing torch (1.5 s on
 a 2-core VM, 3.4 s on the H100's host), decoding the dataset (0.3-0.4 s) and importing
 torch._dynamo (1.0-1.4 s), which torch.optim does on the first optimizer it builds, only to
-mark a few functions "never compile". None of these needs another's result:
+mark a few functions "never compile" (gputui.train.optim runs them without it wherever this
+torch allows). None of these needs another's result:
 - the dataset is decoded with numpy alone (gzip, md5 and the IDX parse release the GIL), so
   it runs on a thread while the main thread imports torch;
-- torch._dynamo is imported on a thread while the main thread initialises the device and
+- torch._dynamo, where it is still needed, is imported on a thread while the main thread initialises the device and
   builds the model, once gputui's own modules are imported (the two threads never import
   the same modules at once).
 Errors are the main thread's to report: a dataset that fails to load raises from
@@ -44,8 +45,14 @@ class Prefetch:
         return self._result
 
 
-def warm_dynamo() -> threading.Thread:
-    """Import torch._dynamo on a thread (torch is imported); the first optimizer then finds it."""
+def warm_dynamo() -> threading.Thread | None:
+    """Import torch._dynamo on a thread (torch is imported) where gputui's optimizers need it
+    (`gputui.train.optim.DYNAMO_FREE` is False on this torch); the first optimizer then finds it.
+    None where they do not: nothing is imported."""
+    from gputui.train import optim
+
+    if optim.DYNAMO_FREE:
+        return None
 
     def run() -> None:
         try:

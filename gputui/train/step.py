@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gputui.config.run import RunConfig
-from gputui.train import nets
+from gputui.train import nets, optim
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
@@ -170,9 +170,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 
 
 def make_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return optim.build(cfg.optimizer, params, cfg.lr, cfg.betas, cfg.momentum, cfg.weight_decay)
 
 
 def lr_at(cfg: RunConfig, step: int, total: int) -> float:
