@@ -161,3 +161,71 @@ def test_a_stop_reads_the_table_again_when_opening_this_process_fails(monkeypatc
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(30)
+
+
+# A launcher (as torchrun): starts a worker in a session of its own, says its pid, ignores SIGTERM
+# and waits (as torchrun in its exit barrier waits for peers that are gone) until SIGKILL; the
+# worker ends on SIGTERM ("ended": when the file argv[3] exists). With "alone" it starts no worker.
+LAUNCHER = r"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[2], "a").write("term\n"))
+if sys.argv[1] == "alone":
+    print(0, flush=True)
+    while True:
+        time.sleep(0.05)
+waits = "import signal; signal.pause()" if sys.argv[1] == "worker" else (
+    "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.02)")  # "ended": until the file argv[3]
+worker = subprocess.Popen([sys.executable, "-c", waits, sys.argv[3]], start_new_session=True)
+print(worker.pid, flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _launcher(tmp_path: Path, mode: str) -> "subprocess.Popen[bytes]":
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode, str(tmp_path / "terms"), str(tmp_path / "go")],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # bounded by pytest-timeout; it prints at once
+    return proc
+
+
+def _stop_in_thread(tree: Tree, grace_s: float) -> "threading.Thread":
+    import threading
+
+    thread = threading.Thread(target=tree.stop, args=(grace_s,), daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("when", ["on SIGTERM", "before the stop"])
+def test_a_stopped_launcher_whose_workers_ended_is_killed_without_waiting_out_the_grace(tmp_path: Path, when: str) -> None:
+    proc = _launcher(tmp_path, "worker" if when == "on SIGTERM" else "ended")
+    tree = Tree(proc, launcher=True)
+    worker = next(p for p in tree.refresh() if p.pid != proc.pid)
+    if when == "before the stop":  # a program's workers that saw the stop file and exited before SIGTERM
+        (tmp_path / "go").touch()
+        wait_until(lambda: gone(worker), 60, "the worker to end by itself")
+    stopping = _stop_in_thread(tree, 3600.0)  # a grace no test waits out: only the launcher rule ends it
+    wait_until(lambda: gone(worker), 60, "the worker to end")
+    stopping.join(120)
+    assert not stopping.is_alive(), "the stop waited for a launcher left alone (its peers are gone)"
+    assert proc.returncode == -signal.SIGKILL and "term" in (tmp_path / "terms").read_text()  # asked first
+
+
+def test_a_launcher_alone_is_killed_and_a_root_that_is_not_one_keeps_its_whole_grace(tmp_path: Path) -> None:
+    # No worker under it at all (stopped in its rendezvous): nothing to wait for either.
+    proc = _launcher(tmp_path, "alone")
+    stopping = _stop_in_thread(Tree(proc, launcher=True), 3600.0)
+    stopping.join(120)
+    assert not stopping.is_alive() and proc.returncode == -signal.SIGKILL
+    # A root that is not a launcher (a user's program, its helper ended) keeps its whole grace.
+    proc = _launcher(tmp_path, "worker")
+    tree = Tree(proc, alone_s=0.0)
+    worker = next(p for p in tree.refresh() if p.pid != proc.pid)
+    stopping = _stop_in_thread(tree, 3600.0)
+    wait_until(lambda: gone(worker), 60, "the worker to end on SIGTERM")
+    assert proc.poll() is None and stopping.is_alive()  # a cut-short stop would kill it within alone_s = 0
+    tree.kill()
+    stopping.join(120)
+    assert proc.returncode == -signal.SIGKILL

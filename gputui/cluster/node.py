@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         preexec_fn=_die_with_parent,  # its own session; SIGTERM if this supervisor is killed
     )
     marker = torchrun_args[torchrun_args.index("--gputui-run-dir") + 1] if "--gputui-run-dir" in torchrun_args else None
-    group = Tree(proc, marker)  # torchrun and its workers, each in a session of its own
+    group = Tree(proc, marker, launcher=True)  # torchrun and its workers, each in a session of its own
     out: Any = sys.stdout.buffer
     if program_dir is None:
         stop = lambda: group.stop(args.grace)  # noqa: E731

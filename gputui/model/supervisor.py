@@ -38,6 +38,10 @@ def hook_seconds(name: str, default: float) -> float:
 
 
 GRACE_S = hook_seconds(GRACE_ENV, TORCHRUN_SHUTDOWN_S + 5.0)  # read once, at import
+# A stopped torchrun with no worker left only waits for its peers, in its exit barrier (up to 300 s)
+# or its rendezvous, inside a store call no signal interrupts: a peer that is gone (a lost node)
+# would hold it for the whole grace. Alone this long, it gets SIGKILL (it has nothing to save).
+LAUNCHER_ALONE_S = 2.0
 # What asks a run to stop with a checkpoint: Ctrl-C, a kill, and a closed terminal (SIGHUP).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGINT, signal.SIGTERM)
 _PR_SET_CHILD_SUBREAPER = 36
@@ -57,8 +61,12 @@ class Tree:
     """The processes of one child: the child, its descendants, and those seen under it
     before (a worker whose torchrun died is still ours). Stopped at most once."""
 
-    def __init__(self, proc: "subprocess.Popen[Any]", marker: str | None = None) -> None:
+    def __init__(self, proc: "subprocess.Popen[Any]", marker: str | None = None, launcher: bool = False,
+                 alone_s: float = LAUNCHER_ALONE_S) -> None:
         self.proc = proc
+        # `launcher`: the root is torchrun. Stopped, it is killed once it has been alone (no worker
+        # left under it) for `alone_s`, instead of at the end of the grace.
+        self.launcher, self.alone_s = launcher, alone_s
         # Orphans re-parented to us (subreaper) are adopted when their command line names
         # `marker` (the run directory): nothing else this process started is touched.
         self.marker = marker if marker and become_subreaper() else None
@@ -111,9 +119,17 @@ class Tree:
             self.stopping = True
         self.send(first)
         deadline = time.monotonic() + grace_s
+        alone_since: float | None = None
         while time.monotonic() < deadline:
-            if not self.refresh():
+            alive = self.refresh()
+            if not alive:
                 break
+            if self.launcher and [p.pid for p in alive] == [self.proc.pid]:  # torchrun alone: no worker to wait for
+                alone_since = alone_since if alone_since is not None else time.monotonic()
+                if time.monotonic() - alone_since >= self.alone_s:
+                    break
+            else:
+                alone_since = None
             time.sleep(0.05)
         self.kill()
 

@@ -99,7 +99,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             start_new_session=not sys.platform.startswith("linux"),
         )
-    tree = Tree(proc, marker=str(run.path))  # torchrun and its workers (each in a session of its own)
+    tree = Tree(proc, marker=str(run.path), launcher=True)  # torchrun and its workers (each in a session of its own)
     signals = {"count": 0}
 
     def forward(signum: int, _frame: Any) -> None:
