@@ -380,3 +380,28 @@ def test_a_replay_fault_at_the_sync_goes_back_to_the_last_good_state(small_data:
     assert second > first and after_fault == [first], "back to the state of the last read: its steps run again"
     assert of(got, "done") and trainer.step == trainer.total_steps
     assert of(got, "step")[-1]["step"] == trainer.total_steps
+
+
+def test_a_group_of_one_trains_without_ddp_to_the_weights_of_a_single_process(
+    small_data: Path, tmp_path: Path, one_thread: None,
+) -> None:
+    """A cluster of one node and one process (or what is left of one) shares no gradient: no DDP
+    wrapper (whose start-up imports torch._dynamo), and the weights a single process reaches."""
+    import torch.distributed as tdist
+
+    single: list[dict[str, Any]] = []
+    alone = make_trainer(small_data, tmp_path / "single", single, epochs=1, threads=1)
+    alone.train()
+    tdist.init_process_group("gloo", store=tdist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        cfg = RunSettings(data=str(small_data), device="cpu", epochs=1, threads=1).resolve()
+        grouped: list[dict[str, Any]] = []
+        one = Trainer(cfg, runs.create(tmp_path / "group"), load_dataset(small_data), torch.device("cpu"),
+                      grouped.append, StopFlag(), dist=loop.Dist(rank=0, world=1))
+        assert one.net is one.model  # no DistributedDataParallel around it
+        one.train()
+    finally:
+        tdist.destroy_process_group()
+    for a, b in zip(alone.model.parameters(), one.model.parameters()):
+        assert torch.equal(a, b)
+    assert of(grouped, "done") and of(grouped, "done")[0]["step"] == of(single, "done")[0]["step"] > 0

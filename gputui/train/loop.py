@@ -118,7 +118,9 @@ class Trainer:
                    message=f"CUDA graph step off ({reason}); training goes on with the eager step")
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        if self.dist is not None:
+        # A group of one (a cluster of one node and one process, or what is left of one) has no
+        # gradient to share: DDP would only add its start-up (it imports torch._dynamo, 1-2 s).
+        if self.dist is not None and self.dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
