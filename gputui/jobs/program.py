@@ -489,6 +489,9 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 if not got:
                     time.sleep(POLL_S)
             reported.close()
+            # The keeper has ended. Whatever of the program is left (orphans of a keeper that was
+            # killed) holds the output pipes open: it ends now, so the pipes reach their end.
+            tree.kill()
             for pump in pumps:
                 pump.join(10)
     except BaseException:  # a second Ctrl-C, a closed stdout: nothing of the program outlives gputui
