@@ -24,6 +24,7 @@ tested both ways, rather than a second (FileStore) one.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from datetime import timedelta
 from typing import Sequence
@@ -38,7 +39,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from gputui.train.rdzv import BACKEND, TOKEN_ENV, read_token, token_prefix
+from gputui.train.rdzv import BACKEND, TOKEN_ENV, read_token, token_prefix, workers_port
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -69,10 +70,11 @@ class StaticRendezvous(RendezvousHandler):
             self._store = TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
         store = PrefixStore(token_prefix(self.token, self.run_id, self.round), self._store)
         self.round += 1
-        # Node rank 0 picks the workers' store address (its --local-addr) and a free port; the
-        # others read them back: plain strings (RendezvousStoreInfo.build), as are torch's rank
-        # assignments (JSON).
-        bootstrap = RendezvousStoreInfo.build(self.rank, store, self.local_addr)
+        # Node rank 0 picks the workers' store address (its --local-addr) and a free port, one the
+        # kernel hands to no connection meanwhile (workers_port); the others read them back: plain
+        # strings (RendezvousStoreInfo.build), as are torch's rank assignments (JSON).
+        port = workers_port(self.local_addr or socket.getfqdn()) if self.rank == 0 else 0
+        bootstrap = RendezvousStoreInfo.build(self.rank, store, self.local_addr, server_port=port or None)
         return RendezvousInfo(store, self.rank, self.world_size, bootstrap)
 
     def is_closed(self) -> bool:

@@ -82,6 +82,41 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+QUIET_PORTS = (10000, 32768)  # below Linux's default ephemeral range (32768-60999)
+
+
+def quiet_ports(ranges: str | None = None) -> tuple[int, int]:
+    """Ports [low, high) that the kernel never hands out by itself: below this machine's ephemeral
+    range (`ranges`: that file's text), whose ports go to every connect() and every bind to port 0."""
+    try:
+        text = ranges if ranges is not None else open(EPHEMERAL_RANGE, encoding="ascii").read()
+        ephemeral_low = int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return QUIET_PORTS
+    low = QUIET_PORTS[0]
+    return (low, ephemeral_low) if ephemeral_low - low >= 1000 else QUIET_PORTS
+
+
+def workers_port(host: str, tries: int = 20) -> int:
+    """A free port on `host` for the workers' store, which rank 0 binds seconds later (once its
+    Python and torch are up). torch picks an ephemeral one, and in those seconds any connection
+    on the machine can take it as its own local port (EADDRINUSE: seen with four test workers
+    on two cores). This one is drawn from the quiet ports, free when drawn; 0 (torch's own pick)
+    when none of `tries` was."""
+    import random
+
+    low, high = quiet_ports()
+    for _ in range(tries):
+        port = random.randrange(low, high)
+        try:
+            listen_socket(host, port).close()
+        except OSError:
+            continue
+        return port
+    return 0
+
+
 def serve_store(host: str, port: int, timeout_s: float, world_size: int | None = None) -> Any:
     """A TCPStore server listening on `host:port` only (not on every interface)."""
     import torch.distributed as tdist
