@@ -182,9 +182,28 @@ while True:
 """
 
 
+_STARTED: list["subprocess.Popen[bytes]"] = []
+
+
+@pytest.fixture(autouse=True)
+def no_launcher_left() -> Iterator[None]:
+    """A launcher of a failed (or timed-out) test is killed with its group, worker included."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                try:
+                    p.kill()  # the worker too: it runs in a session of its own
+                except psutil.NoSuchProcess:
+                    pass
+            proc.wait(10)
+
+
 def _launcher(tmp_path: Path, mode: str) -> "subprocess.Popen[bytes]":
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode, str(tmp_path / "terms"), str(tmp_path / "go")],
                             stdout=subprocess.PIPE, start_new_session=True)
+    _STARTED.append(proc)
     assert proc.stdout is not None
     proc.stdout.readline()  # bounded by pytest-timeout; it prints at once
     return proc
