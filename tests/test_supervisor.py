@@ -163,22 +163,19 @@ def test_a_stop_reads_the_table_again_when_opening_this_process_fails(monkeypatc
             proc.wait(30)
 
 
-# A launcher (as torchrun): starts a worker in a session of its own, says its pid, ignores SIGTERM
-# and waits (as torchrun in its exit barrier waits for peers that are gone) until SIGKILL; the
-# worker ends on SIGTERM ("ended": when the file argv[3] exists). With "alone" it starts no worker.
+# A launcher (as torchrun): starts a worker in a session of its own (with "alone", none), says its
+# pid, notes and ignores SIGTERM, and waits (as torchrun in its exit barrier waits for peers that are
+# gone) until SIGKILL; the worker ends on SIGTERM. Both block in pause(): no clock anywhere.
 LAUNCHER = r"""
-import os, signal, subprocess, sys, time
+import signal, subprocess, sys
 signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[2], "a").write("term\n"))
 if sys.argv[1] == "alone":
     print(0, flush=True)
-    while True:
-        time.sleep(0.05)
-waits = "import signal; signal.pause()" if sys.argv[1] == "worker" else (
-    "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.02)")  # "ended": until the file argv[3]
-worker = subprocess.Popen([sys.executable, "-c", waits, sys.argv[3]], start_new_session=True)
-print(worker.pid, flush=True)
+else:
+    worker = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
+    print(worker.pid, flush=True)
 while True:
-    time.sleep(0.05)
+    signal.pause()
 """
 
 
@@ -201,7 +198,7 @@ def no_launcher_left() -> Iterator[None]:
 
 
 def _launcher(tmp_path: Path, mode: str) -> "subprocess.Popen[bytes]":
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode, str(tmp_path / "terms"), str(tmp_path / "go")],
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode, str(tmp_path / "terms")],
                             stdout=subprocess.PIPE, start_new_session=True)
     _STARTED.append(proc)
     assert proc.stdout is not None
@@ -219,12 +216,12 @@ def _stop_in_thread(tree: Tree, grace_s: float) -> "threading.Thread":
 
 @pytest.mark.parametrize("when", ["on SIGTERM", "before the stop"])
 def test_a_stopped_launcher_whose_workers_ended_is_killed_without_waiting_out_the_grace(tmp_path: Path, when: str) -> None:
-    proc = _launcher(tmp_path, "worker" if when == "on SIGTERM" else "ended")
+    proc = _launcher(tmp_path, "worker")
     tree = Tree(proc, launcher=True)
     worker = next(p for p in tree.refresh() if p.pid != proc.pid)
     if when == "before the stop":  # a program's workers that saw the stop file and exited before SIGTERM
-        (tmp_path / "go").touch()
-        wait_until(lambda: gone(worker), 60, "the worker to end by itself")
+        worker.kill()
+        wait_until(lambda: gone(worker), 60, "the worker to end before the stop")
     stopping = _stop_in_thread(tree, 3600.0)  # a grace no test waits out: only the launcher rule ends it
     wait_until(lambda: gone(worker), 60, "the worker to end")
     stopping.join(120)
