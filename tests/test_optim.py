@@ -64,7 +64,6 @@ def test_a_checkpoint_moves_between_ours_and_torchs_either_way(name: str) -> Non
     saved_by_torch = _torch_class(name)(start.parameters(), lr=0.05, **hyper)
     _train(saved_by_torch, start, 3)
     a, b = _model(), _model()
-    b.load_state_dict(a.state_dict())
     a.load_state_dict(start.state_dict())
     b.load_state_dict(start.state_dict())
     ours = optim.dynamo_free(_torch_class(name))(a.parameters(), lr=0.05, **hyper)

@@ -15,6 +15,7 @@ Processes started for a run also get an environment without credentials.
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import socket
@@ -104,8 +105,6 @@ def workers_port(host: str, tries: int = 20) -> int:
     on the machine can take it as its own local port (EADDRINUSE: seen with four test workers
     on two cores). This one is drawn from the quiet ports, free when drawn; 0 (torch's own pick)
     when none of `tries` was."""
-    import random
-
     low, high = quiet_ports()
     for _ in range(tries):
         port = random.randrange(low, high)

@@ -7,9 +7,9 @@ mark a few functions "never compile" (gputui.train.optim runs them without it wh
 torch allows). None of these needs another's result:
 - the dataset is decoded with numpy alone (gzip, md5 and the IDX parse release the GIL), so
   it runs on a thread while the main thread imports torch;
-- torch._dynamo, where it is still needed, is imported on a thread while the main thread initialises the device and
-  builds the model, once gputui's own modules are imported (the two threads never import
-  the same modules at once).
+- torch._dynamo, where it is still needed, is imported on a thread while the main thread
+  initialises the device and builds the model, once gputui's own modules are imported (the
+  two threads never import the same modules at once).
 Errors are the main thread's to report: a dataset that fails to load raises from
 `Prefetch.dataset()`; a background import that fails is left for the optimizer to retry.
 """
