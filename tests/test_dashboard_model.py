@@ -21,7 +21,7 @@ from gputui.dashboard.setup import Backend, DashboardOptions, demo_public_key, r
 from gputui.dashboard.slaves import BudgetRefusal, SlaveControl
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.model.errors import UserError
-from gputui.model.telemetry import HostState
+from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
 from gputui.sources.sim import SimSource
 from gputui.ui.draw import bar, sparkline
 from gputui.model.units import duration
@@ -106,6 +106,35 @@ def test_host_feed_keeps_utilisation_history() -> None:
     assert len(history) == 5 and history[-1] == frame.hosts[1].gpus[2].util_pct
     feed.training(True)
     assert feed.source.is_active(0)
+
+
+def test_the_sparklines_skip_the_rounds_a_host_missed_and_know_only_the_last_rounds_gpus() -> None:
+    from gputui.dashboard.hosts import Sparks
+
+    def snap(name: str, *utils: float | None, up: bool = True) -> HostSnapshot:
+        gpus = tuple(GpuSample(i, util_pct=u) for i, u in enumerate(utils)) if up else ()
+        return HostSnapshot(name, HostState.OK if up else HostState.UNREACHABLE, 0.0, gpus=gpus)
+
+    class Rounds:
+        def __init__(self) -> None:
+            self.rounds = [[snap("a", 1.0, 2.0), snap("b", 5.0)], [snap("a", 3.0, None), snap("b", up=False)],
+                           [snap("a", 4.0, 6.0), snap("b", 7.0), snap("c", 8.0)]]
+
+        def poll(self) -> list[HostSnapshot]:
+            return self.rounds.pop(0)
+
+        def close(self) -> None:
+            pass
+
+    feed = HostFeed(Rounds(), clock=Clock(), spark_len=3)
+    frames = [feed.poll() for _ in range(3)]
+    util = frames[-1].util
+    assert isinstance(util, Sparks) and sorted(util) == [("a", 0), ("a", 1), ("b", 0), ("c", 0)] and len(util) == 4
+    assert util[("a", 0)] == (1.0, 3.0, 4.0) and util[("a", 1)] == (2.0, None, 6.0)  # n/a kept in its place
+    assert util[("b", 0)] == (5.0, 7.0) and util[("c", 0)] == (8.0,)  # b missed a round: no value for it
+    with pytest.raises(KeyError):
+        util[("a", 2)]
+    assert dict(frames[1].util) == {("a", 0): (1.0, 3.0), ("a", 1): (2.0, None)}  # b down: not in that round's keys
 
 
 def cloud(tmp_path: Path, budget: float = 2.0, clock: Clock | None = None) -> tuple[SlaveControl, SimProvider, list[str]]:

@@ -11,8 +11,8 @@ from gputui.config.free import FREE_SECTION, FreeRule
 from gputui.config.profile import parse_profile
 from gputui.model.errors import UserError
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
-from gputui.monitor.lab import (Lab, LabFilter, UNKNOWN_USER, filter_lines, free_gpus, free_rule, host_line, is_free,
-                                sort_lines)
+from gputui.monitor.lab import (Lab, LabFilter, UNKNOWN_USER, filter_lines, free_gpus, free_rule, held_now, host_line,
+                                is_free, sort_lines)
 
 RULE = FreeRule()
 
@@ -58,6 +58,37 @@ def test_a_host_line_counts_free_gpus_and_names_the_top_account() -> None:
     assert [c.free for c in line.cells] == [True, False, False, False]
     assert line.util_pct == pytest.approx((0.0 + 95.0 + 90.0) / 3)  # the GPU with n/a is left out
     assert line.mem_used_mib == 100.0 + 60000.0 + 50000.0
+    assert sorted(line.held) == [("alice", 2, 45000.0, 2), ("bob", 1, 30000.0, 1)]  # (account, GPUs, MiB, processes)
+
+
+def test_what_each_account_holds_is_summed_from_the_host_lines_as_counted_gpu_by_gpu() -> None:
+    import random
+
+    draw = random.Random(5)
+    names = ("alice", "bob", None, "carol")
+    hosts = [host(f"h{i}", *(gpu(g, 50.0, procs=tuple((draw.choice(names), draw.choice((None, 100.0, 250.0)))
+                                                       for _ in range(draw.randint(0, 3)))) for g in range(4)),
+                  state=HostState.OK if i % 5 else HostState.UNREACHABLE) for i in range(12)]
+    naive: dict[str, list[float]] = {}  # account -> [GPUs, MiB, hosts, processes], GPU by GPU
+    for h in hosts:
+        if not h.state.worked:
+            continue
+        on_host = set()
+        for g in h.gpus:
+            for user in {p.user or UNKNOWN_USER for p in g.processes}:
+                naive.setdefault(user, [0, 0.0, 0, 0])[0] += 1
+                on_host.add(user)
+            for p in g.processes:
+                naive[p.user or UNKNOWN_USER][1] += p.gpu_memory_mib or 0.0
+                naive[p.user or UNKNOWN_USER][3] += 1
+        for user in on_host:
+            naive[user][2] += 1
+    assert len(naive) == 4 and any(h.state.worked and h.gpus[0].processes for h in hosts)
+    assert held_now(hosts) == {u: (int(g), m, int(n), int(p)) for u, (g, m, n, p) in naive.items()}
+    frame = Lab(RULE).update(hosts, 1000.0)
+    assert {(t.user, t.gpus, t.memory_mib, t.hosts, t.processes) for t in frame.users} == {
+        (u, g, m, n, p) for u, (g, m, n, p) in naive.items()}
+    assert all(line.held == () for line in frame.lines if not line.reachable)  # a host down holds nothing now
 
 
 def test_the_fleet_line_counts_unreachable_hosts_gpus_as_last_seen() -> None:
@@ -160,8 +191,13 @@ def test_the_simulation_builds_the_same_samples_as_the_dataclasses_do() -> None:
     hosts = SimSource(hosts=6, gpus=4, seed=3, clock=lambda: 1000.0).poll()
     samples = [g for h in hosts for g in h.gpus]
     assert any(g.processes for g in samples) and any(not g.processes for g in samples)
+    plain = (int, float, str, bool, tuple, type(None))  # no numpy scalar leaks out of the simulation's arrays
+    for h in hosts:
+        assert all(type(getattr(h, f.name)) in plain + (HostState,) for f in fields(HostSnapshot)), h
     for g in samples:  # every field set, to what the generated __init__ gives
         assert GpuSample(**{f.name: getattr(g, f.name) for f in fields(GpuSample)}) == g
+        assert all(type(v) in plain for v in vars(g).values()), g
+        assert all(type(v) in plain for p in g.processes for v in vars(p).values()), g
         assert list(vars(g)) == [f.name for f in fields(GpuSample)]  # in their order: to_dict's keys
         for p in g.processes:
             assert list(vars(p)) == [f.name for f in fields(GpuProcess)] and GpuProcess(**vars(p)) == p

@@ -22,26 +22,30 @@ ENERGY_FLUSH_S = 60.0  # how often metered local GPU energy is written to the le
 GpuKey = tuple[str, int]  # (host name, GPU index)
 
 
+Round = dict[str, dict[int, "float | None"]]  # one round's utilisations: host name -> GPU index -> %
+
+
 class Sparks(Mapping[GpuKey, tuple[float | None, ...]]):
     """Each GPU of the last round's utilisation over the rounds kept, oldest first, put together
     only when asked: a panel asks for the 30 GPUs it shows, not the 2,048 of a lab. Frozen: the
     rounds are a tuple of dicts nobody changes. A GPU missing from a round (its host did not
     answer) has no value for it."""
 
-    def __init__(self, rounds: tuple[Mapping[GpuKey, float | None], ...] = ()) -> None:
+    def __init__(self, rounds: tuple[Round, ...] = ()) -> None:
         self._rounds = rounds
-        self._last: Mapping[GpuKey, float | None] = rounds[-1] if rounds else {}
+        self._last: Round = rounds[-1] if rounds else {}
 
     def __getitem__(self, key: GpuKey) -> tuple[float | None, ...]:
-        if key not in self._last:
+        name, index = key
+        if index not in self._last.get(name, ()):
             raise KeyError(key)
-        return tuple(r[key] for r in self._rounds if key in r)
+        return tuple(r[name][index] for r in self._rounds if index in r.get(name, ()))
 
     def __iter__(self) -> Iterator[GpuKey]:
-        return iter(self._last)
+        return ((name, index) for name, gpus in self._last.items() for index in gpus)
 
     def __len__(self) -> int:
-        return len(self._last)
+        return sum(len(gpus) for gpus in self._last.values())
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class HostFeed:
                  meter: Any = None, rule: FreeRule | None = None) -> None:
         self.source = source
         self.clock = clock
-        self._rounds: deque[dict[GpuKey, float | None]] = deque(maxlen=spark_len)  # each round's utilisations
+        self._rounds: deque[Round] = deque(maxlen=spark_len)  # each round's utilisations
         self.lab = Lab(rule or FreeRule(), clock)
         self.meter = meter  # a gputui.cloud.energy.EnergyMeter when the profile prices electricity
         self._flushed = clock()
@@ -89,7 +93,7 @@ class HostFeed:
                 tell(wanted)
             self._process_sm = wanted
         hosts = poll_round(self.source)
-        self._rounds.append({(host.name, gpu.index): gpu.util_pct for host in hosts for gpu in host.gpus})
+        self._rounds.append({host.name: {gpu.index: gpu.util_pct for gpu in host.gpus} for host in hosts})
         if self.meter is not None:
             for host in hosts:
                 self.meter.add_snapshot(host)

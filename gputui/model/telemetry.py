@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterable, Iterator, Mapping, TypeVar
 
 SCHEMA_VERSION = 1  # of the JSON documents/lines written by `gputui monitor --json` and `--record`
 
@@ -68,25 +68,17 @@ def throttle_text(reasons: tuple[str, ...] | None) -> str:
     return ",".join(reasons) if reasons else "-"
 
 
-def _quick(cls: type, defaults: dict[str, Any], values: dict[str, Any]) -> Any:
-    """An instance of a frozen dataclass without its generated __init__, which sets each field
-    through object.__setattr__ (twice the time: a simulated lab builds 2,048 GpuSamples a
-    second). Every field gets its default unless `values` names it. Nothing is checked (the
-    callers name fields literally, in their order; tests/test_lab.py compares with the
-    dataclass's own)."""
+_T = TypeVar("_T")
+
+
+def adopt(cls: type[_T], values: dict[str, Any]) -> _T:
+    """The instance of a frozen dataclass whose fields are `values`, without its generated
+    __init__, which sets each field through object.__setattr__ (a simulated lab builds 2,048
+    GpuSamples a second): the dict becomes the instance's own. Nothing is checked: the callers
+    name every field, in their order (tests/test_lab.py compares with the dataclass's own)."""
     obj: Any = object.__new__(cls)
-    if len(values) == len(defaults):  # every field named (in their order, by the callers): the dict is the instance's
-        object.__setattr__(obj, "__dict__", values)
-        return obj
-    attrs = obj.__dict__
-    attrs.update(defaults)
-    attrs.update(values)
+    object.__setattr__(obj, "__dict__", values)
     return obj
-
-
-def _defaults(cls: type) -> dict[str, Any]:
-    """The fields of a dataclass with their defaults (MISSING for those without one)."""
-    return {f.name: f.default for f in fields(cls)}
 
 
 @dataclass(frozen=True)
@@ -106,11 +98,6 @@ class GpuProcess:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)  # its fields, in their order (a frozen dataclass's __dict__ holds nothing else)
-
-    @classmethod
-    def quick(cls, **values: Any) -> "GpuProcess":
-        """The same instance as GpuProcess(**values), built faster (for simulated fleets)."""
-        return _quick(cls, _PROCESS_DEFAULTS, values)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GpuProcess":
@@ -165,11 +152,6 @@ class GpuSample:
     # (local GPUs, at most every nvml.ENERGY_EVERY_S); None on the others and where there is none
     energy_mj: float | None = None
 
-    @classmethod
-    def quick(cls, **values: Any) -> "GpuSample":
-        """The same instance as GpuSample(**values), built faster (for simulated fleets)."""
-        return _quick(cls, _SAMPLE_DEFAULTS, values)  # type: ignore[no-any-return]
-
     @property
     def throttled(self) -> bool:
         """True when a slowdown reason (power cap, thermal, hw slowdown, sync boost) holds the clocks."""
@@ -195,10 +177,6 @@ class GpuSample:
         throttle = data.get("throttle")
         values["throttle"] = tuple(str(r) for r in throttle) if isinstance(throttle, (list, tuple)) else None
         return cls(**values)
-
-
-_PROCESS_DEFAULTS = _defaults(GpuProcess)
-_SAMPLE_DEFAULTS = _defaults(GpuSample)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from gputui.config.free import FreeRule
@@ -41,7 +42,7 @@ def is_free(gpu: GpuSample, rule: FreeRule) -> bool:
 
 
 class GpuCell(NamedTuple):
-    """One GPU of a host line: what its cell in the strip shows (a tuple: 2,048 a round)."""
+    """One GPU of a host line: what its cell in the strip shows (made only for the lines drawn)."""
 
     gpu: int  # its index on the host (`index` would hide tuple.index)
     util_pct: float | None
@@ -58,7 +59,8 @@ class HostLine:
     state: HostState
     message: str | None
     gpus: int
-    cells: tuple[GpuCell, ...] = ()
+    samples: tuple[GpuSample, ...] = ()  # the round's GPUs (their cells are made when a line is drawn)
+    frees: tuple[bool, ...] = ()  # which of them are free, by the lab's rule
     free: int = 0
     util_pct: float | None = None  # the mean of the GPUs that say
     mem_used_mib: float | None = None
@@ -66,10 +68,18 @@ class HostLine:
     top_user: str | None = None  # the account holding the most GPU memory here
     top_user_mib: float | None = None
     users: frozenset[str] = frozenset()
+    # Per account on this host: (account, GPUs it runs a process on, their memory MiB, processes);
+    # the fleet's totals and GPU-hours are sums of these (one pass over a round's GPUs).
+    held: tuple[tuple[str, int, float, int], ...] = ()
 
     @property
     def reachable(self) -> bool:
         return self.state.worked
+
+    @cached_property
+    def cells(self) -> tuple[GpuCell, ...]:
+        """The strip's cells, one a GPU: a lab round has 2,048 GPUs and a screen shows ~30 lines."""
+        return tuple(GpuCell(g.index, g.util_pct, g.mem_pct, free, bool(g.processes)) for g, free in zip(self.samples, self.frees))
 
     @property
     def busy(self) -> int:
@@ -87,12 +97,14 @@ def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLi
     One pass over the GPUs (a lab's round makes 2,048 cells)."""
     if not host.state.worked:
         return HostLine(host.name, host.state, host.message, max(known_gpus, len(host.gpus)))
-    cells = []
+    frees = []
     free = 0
     util_sum, util_n = 0.0, 0
     used: float | None = None
     total: float | None = None
-    by_user: dict[str, float] = {}
+    memory: dict[str, float] = {}
+    gpus: dict[str, int] = {}
+    processes: dict[str, int] = {}
     for g in host.gpus:
         util, mem, size, procs = g.util_pct, g.mem_used_mib, g.mem_total_mib, g.processes
         free_now = is_free(g, rule)
@@ -104,14 +116,20 @@ def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLi
             used = mem if used is None else used + mem
         if size is not None:
             total = size if total is None else total + size
-        cells.append(GpuCell(g.index, util, g.mem_pct, free_now, bool(procs)))
+        frees.append(free_now)
+        if not procs:
+            continue
         for p in procs:
             user = p.user or UNKNOWN_USER
-            by_user[user] = by_user.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
-    top = max(by_user.items(), key=lambda kv: (kv[1], kv[0])) if by_user else None
-    return HostLine(host.name, host.state, host.message, len(cells), tuple(cells), free,
+            memory[user] = memory.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
+            processes[user] = processes.get(user, 0) + 1
+        for user in {p.user or UNKNOWN_USER for p in procs} if len(procs) > 1 else (procs[0].user or UNKNOWN_USER,):
+            gpus[user] = gpus.get(user, 0) + 1  # a GPU counts once for each account with a process on it
+    top = max(memory.items(), key=lambda kv: (kv[1], kv[0])) if memory else None
+    return HostLine(host.name, host.state, host.message, len(frees), host.gpus, tuple(frees), free,
                     util_sum / util_n if util_n else None, used, total,
-                    top[0] if top else None, top[1] if top else None, frozenset(by_user))
+                    top[0] if top else None, top[1] if top else None, frozenset(memory),
+                    tuple((u, gpus[u], memory[u], processes[u]) for u in gpus))
 
 
 @dataclass(frozen=True)
@@ -284,24 +302,18 @@ class UserTotal:
 def held_now(hosts: Iterable[HostSnapshot]) -> dict[str, tuple[int, float, int, int]]:
     """Per account: (GPUs held, GPU memory MiB, hosts, processes) in this round. A GPU counts
     once for each account with a process on it."""
-    gpus: dict[str, int] = {}
-    memory: dict[str, float] = {}
-    procs: dict[str, int] = {}
-    hosts_of: dict[str, set[str]] = {}
-    for host in hosts:
-        if not host.state.worked:
-            continue
-        for gpu in host.gpus:
-            users = set()
-            for p in gpu.processes:
-                user = p.user or UNKNOWN_USER
-                users.add(user)
-                memory[user] = memory.get(user, 0.0) + (p.gpu_memory_mib or 0.0)
-                procs[user] = procs.get(user, 0) + 1
-            for user in users:
-                gpus[user] = gpus.get(user, 0) + 1
-                hosts_of.setdefault(user, set()).add(host.name)
-    return {u: (gpus[u], memory.get(u, 0.0), len(hosts_of[u]), procs.get(u, 0)) for u in gpus}
+    return held_by([host_line(h, FreeRule()) for h in hosts])
+
+
+def held_by(lines: Iterable[HostLine]) -> dict[str, tuple[int, float, int, int]]:
+    """held_now's figures from a round's host lines."""
+    out: dict[str, tuple[int, float, int, int]] = {}
+    for line in lines:
+        for user, gpus, memory, processes in line.held:
+            before = out.get(user)
+            out[user] = (gpus, memory, 1, processes) if before is None else (
+                before[0] + gpus, before[1] + memory, before[2] + 1, before[3] + processes)
+    return out
 
 
 @dataclass(frozen=True)
@@ -341,21 +353,22 @@ class Lab:
             self._day, self._hours = day, {}
         lines = []
         for host in hosts:
+            line = host_line(host, self.rule, self._known.get(host.name, 0))
             if host.state.worked:
                 self._known[host.name] = len(host.gpus)
                 self._seen.add(host.name)
-                self._credit(host, now)
-            lines.append(host_line(host, self.rule, self._known.get(host.name, 0)))
+                self._credit(host, line, now)
+            lines.append(line)
         never = sum(1 for h in hosts if not h.state.worked and h.name not in self._seen)
-        held = held_now(hosts)
+        held = held_by(lines)
         users = [UserTotal(u, g, m, self._hours.get(u, 0.0), n, p) for u, (g, m, n, p) in held.items()]
         users += [UserTotal(u, 0, 0.0, h, 0, 0) for u, h in self._hours.items() if u not in held]
         users.sort(key=lambda t: (-t.memory_mib, -t.gpus, -t.gpu_hours, t.user))
         return LabFrame(now, tuple(lines), totals(lines, never), tuple(users))
 
-    def _credit(self, host: HostSnapshot, now: float) -> None:
-        """GPU-hours for the accounts holding this host's GPUs since its previous poll (a
-        snapshot seen again, unchanged, adds nothing)."""
+    def _credit(self, host: HostSnapshot, line: HostLine, now: float) -> None:
+        """GPU-hours for the accounts holding this host's GPUs (its `line`) since its previous
+        poll (a snapshot seen again, unchanged, adds nothing)."""
         taken = host.time
         before = self._last_poll.get(host.name)
         self._last_poll[host.name] = taken
@@ -364,6 +377,5 @@ class Lab:
         if _day(before) != _day(taken):
             before = max(before, time.mktime((*_day(taken), 0, 0, 0, 0, 0, -1)))
         span = min(taken - before, MAX_CREDIT_S) / 3600.0
-        for gpu in host.gpus:
-            for user in {p.user or UNKNOWN_USER for p in gpu.processes}:
-                self._hours[user] = self._hours.get(user, 0.0) + span
+        for user, gpus, _memory, _processes in line.held:
+            self._hours[user] = self._hours.get(user, 0.0) + gpus * span

@@ -3,25 +3,29 @@
 Each host alternates between training runs and idle spells (or follows `set_active`).
 While a run is active, utilisation, memory and power rise; temperature follows power with
 a lag; the fan follows temperature. The same seed gives the same sequence of readings.
+
+A lab's demo is 256 hosts x 8 GPUs polled every second, so a round is one step of numpy
+arrays over the whole fleet (a fixed number of draws a round, whatever the hosts do), and
+Python builds only the samples: a round of 2,048 GPUs costs a few milliseconds.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState, adopt
 
 GPU_NAME = "NVIDIA A100-SXM4-80GB (simulated)"
 MEM_TOTAL_MIB = 81920.0
 POWER_IDLE_W, POWER_LIMIT_W = 55.0, 400.0
 AMBIENT_C = 30.0
 THERMAL_SLOWDOWN_C = 72.0
-_IDLE, _POWER_CAP, _THERMAL = ("idle",), ("power-cap",), ("sw-thermal",)
-# The lab's accounts: host i's GPUs run the jobs of one or two of them (no random draw: the
-# seeded readings stay what they were).
+DRIVER = "550.90.07 (simulated)"
+PROCESS_NAME = "python -m gputui run"
+# The throttle reasons by code: 0 none, 1 idle, 2 the board's power limit holds the clocks, 3 thermal.
+_THROTTLE: tuple[tuple[str, ...], ...] = ((), ("idle",), ("power-cap",), ("sw-thermal",))
+# The lab's accounts: host i's GPUs run the jobs of one or two of them (no random draw).
 ACCOUNTS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory")
 
 
@@ -32,135 +36,119 @@ def account(host: int, gpu: int, gpus: int) -> str:
     return ACCOUNTS[(host * 7 + int(second)) % len(ACCOUNTS)]
 
 
-@dataclass
-class _Gpu:
-    util: float = 0.0
-    mem_used: float = 4.0
-    power: float = POWER_IDLE_W
-    temperature: float = AMBIENT_C + 6.0
-    fixed: tuple[int, str] | None = None  # (pid, uuid): the uuid is made once per pid
-
-
-@dataclass
-class _Host:
-    name: str
-    gpus: list[_Gpu]
-    active: bool = False
-    steps_left: int = 0  # until the run (or the idle spell) ends
-    forced: bool | None = None  # set_active() overrides the schedule
-    mem_total: float = 515_000.0
-    pids: list[int] = field(default_factory=list)
-    users: list[str] = field(default_factory=list)  # the account of each GPU's job
-    run_started: float = 0.0  # when the current run began (its processes' age)
-    killed: set[int] = field(default_factory=set)  # pids signalled through kill(): gone until the next run
-
-
 class SimSource:
     """Simulated hosts `sim-0` .. `sim-{N-1}`, each with M GPUs; one step per poll."""
 
     def __init__(self, hosts: int = 2, gpus: int = 4, seed: int = 0, clock: Callable[[], float] = time.time) -> None:
+        import numpy as np  # only a simulation needs it (the dashboard's demo, --sim, tests)
+
         if hosts < 1 or gpus < 0:
             raise ValueError("a simulation needs at least one host and no negative GPU count")
-        self._rng = random.Random(seed)
+        self._np = np
+        self._rng = np.random.default_rng(seed)
         self._clock = clock
-        self._hosts = [_Host(f"sim-{i}", [_Gpu() for _ in range(gpus)]) for i in range(hosts)]
-        for host in self._hosts:
-            host.active = self._rng.random() < 0.5
-            host.steps_left = self._rng.randint(5, 40)
-            host.pids = [self._rng.randint(2000, 60000) for _ in range(gpus)]
-        for i, host in enumerate(self._hosts):
-            host.users = [account(i, g, gpus) for g in range(gpus)]
+        self._names = [f"sim-{i}" for i in range(hosts)]
+        shape = (hosts, gpus)
+        # Each host's schedule: running or idle, for how many more polls; set_active() overrides it.
+        self._active = self._rng.random(hosts) < 0.5
+        self._steps_left = self._rng.integers(5, 41, hosts)
+        self._forced: list[bool | None] = [None] * hosts
+        self._run_started = np.zeros(hosts)  # when the current run began (its processes' age)
+        self._pids = self._rng.integers(2000, 60001, shape)
+        self._killed = np.zeros(shape, dtype=bool)  # signalled through kill(): gone until the host's next run
+        # Each GPU's state, carried from round to round.
+        self._util = np.zeros(shape)
+        self._mem = np.full(shape, 4.0)
+        self._temperature = np.full(shape, AMBIENT_C + 6.0)
+        self._users = [[account(i, g, gpus) for g in range(gpus)] for i in range(hosts)]
+        self._pid_list: list[list[int]] = self._pids.tolist()
+        self._uuids = [[self._uuid(g, pid) for g, pid in enumerate(row)] for row in self._pid_list]
+
+    @staticmethod
+    def _uuid(index: int, pid: int) -> str:
+        return f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}"
 
     def set_active(self, host: int, active: bool | None) -> None:
         """Force a host's run on or off (None: back to the seeded schedule)."""
-        self._hosts[host].forced = active
+        self._forced[host] = active
 
     def is_active(self, host: int) -> bool:
-        h = self._hosts[host]
-        return h.active if h.forced is None else h.forced
-
-    def poll(self) -> list[HostSnapshot]:
-        now = self._clock()
-        return [self._step(i, h, now) for i, h in enumerate(self._hosts)]
+        forced = self._forced[host]
+        return bool(self._active[host]) if forced is None else forced
 
     def kill(self, host_name: str, pid: int, signal_name: str) -> tuple[bool, str]:
-        """Signal a simulated process: it leaves its GPU's process list until the next run."""
-        for host in self._hosts:
-            if host.name == host_name and pid in host.pids and pid not in host.killed:
-                host.killed.add(pid)
+        """Signal a simulated process: it leaves its GPU's process list until the host's next run."""
+        if host_name in self._names:
+            i = self._names.index(host_name)
+            mine = self._pids[i] == pid
+            if mine.any() and not self._killed[i][mine].all():
+                self._killed[i][mine] = True
                 return True, f"SIG{signal_name} sent to pid {pid} on {host_name} (simulated)"
         return False, f"kill refused: pid {pid} is not running on {host_name}"
 
     def close(self) -> None:
         pass
 
-    def _step(self, i: int, host: _Host, now: float) -> HostSnapshot:
-        rng = self._rng
-        host.steps_left -= 1
-        was_active = self.is_active(i)
-        if host.steps_left <= 0:
-            host.active = not host.active
-            host.steps_left = rng.randint(20, 60) if host.active else rng.randint(5, 20)
-        active = self.is_active(i)
-        if active and (not was_active or not host.run_started):
-            host.run_started, host.killed = now, set()  # a new run: new processes
-        samples = tuple(self._gpu_step(index, gpu, active and host.pids[index] not in host.killed, host.pids[index],
-                                       now - host.run_started, host.users[index]) for index, gpu in enumerate(host.gpus))
-        cpu = (35.0 + 20.0 * rng.random()) if active else (1.0 + 4.0 * rng.random())
-        mem_used = (48_000.0 if active else 9_000.0) + 2_000.0 * rng.random()
-        return HostSnapshot(
-            name=host.name,
-            state=HostState.OK,
-            time=now,
-            duration_s=0.002 + 0.003 * rng.random(),
-            kind="sim",
-            address="simulated",
-            cpu_pct=round(cpu, 1),
-            mem_used_mib=round(mem_used, 1),
-            mem_total_mib=host.mem_total,
-            gpus=samples,
-            message=None if samples else "no GPU",
-            driver="550.90.07 (simulated)",
-        )
+    def poll(self) -> list[HostSnapshot]:
+        np = self._np
+        now = self._clock()
+        hosts, gpus = self._pids.shape
+        forced = np.array([-1 if f is None else int(f) for f in self._forced])
+        was_active = np.where(forced < 0, self._active, forced == 1)
+        # The schedules: a host whose spell ends starts the other kind (a run of 20-60 polls, idle 5-20).
+        self._steps_left -= 1
+        ends = self._steps_left <= 0
+        self._active ^= ends
+        spell = self._rng.random((hosts,))
+        fresh = np.where(self._active, 20 + (41 * spell).astype(int), 5 + (16 * spell).astype(int))
+        self._steps_left = np.where(ends, fresh, self._steps_left)
+        active = np.where(forced < 0, self._active, forced == 1)
+        new_run = active & (~was_active | (self._run_started == 0))
+        self._run_started[new_run] = now
+        self._killed[new_run] = False  # a new run: new processes
+        running = active[:, None] & ~self._killed
 
-    def _gpu_step(self, index: int, gpu: _Gpu, active: bool, pid: int, running_s: float, user: str) -> GpuSample:
-        # The same draws and arithmetic as ever (the seeded readings do not change), written for
-        # a lab of 2,048 simulated GPUs a second: the rng's methods bound once, uniform(a, b)
-        # as a + (b - a) * random() (what it is), the constant parts of a sample built once.
-        rng = self._rng
-        random = rng.random
-        util = gpu.util
-        util += (((90.0 + 9.0 * random()) if active else 2.0 * random()) - util) * 0.5
-        mem_target = (60_000.0 + 8_000.0 * random()) if active else 4.0
-        mem_used = gpu.mem_used = gpu.mem_used + (mem_target - gpu.mem_used) * 0.6
-        power_target = POWER_IDLE_W + (POWER_LIMIT_W - POWER_IDLE_W) * (util / 100.0) ** 1.2
-        power = gpu.power = min(POWER_LIMIT_W, power_target + rng.gauss(0.0, 4.0))
-        temperature = gpu.temperature = gpu.temperature + (AMBIENT_C + 0.11 * power - gpu.temperature) * 0.15
-        gpu.util = util
+        # One step of every GPU: utilisation and memory move towards the run's (or idleness's)
+        # level, power follows utilisation with noise, temperature follows power with a lag.
+        draws = self._rng.random((4, hosts, gpus))
+        util = self._util = self._util + (np.where(running, 90.0 + 9.0 * draws[0], 2.0 * draws[0]) - self._util) * 0.5
+        mem = self._mem = self._mem + (np.where(running, 60_000.0 + 8_000.0 * draws[1], 4.0) - self._mem) * 0.6
+        power = np.minimum(POWER_LIMIT_W, POWER_IDLE_W + (POWER_LIMIT_W - POWER_IDLE_W) * (util / 100.0) ** 1.2
+                           + 4.0 * self._rng.standard_normal((hosts, gpus)))
+        temperature = self._temperature = self._temperature + (AMBIENT_C + 0.11 * power - self._temperature) * 0.15
         busy = util > 5.0
-        processes = (GpuProcess.quick(pid=pid, name="python -m gputui run", user=user, gpu_memory_mib=round(mem_used - 4.0),
-                                      sm_pct=round(util), cpu_pct=round(90.0 + util / 10.0, 1), rss_mib=3100.0 + 16 * index,
-                                      running_s=round(max(0.0, running_s), 1), started=None),) if active else ()
-        if not busy:
-            throttle: tuple[str, ...] = _IDLE
-        elif power >= POWER_LIMIT_W * 0.97:
-            throttle = _POWER_CAP  # the board's power limit holds the clocks
-        elif temperature >= THERMAL_SLOWDOWN_C:
-            throttle = _THERMAL
-        else:
-            throttle = ()
-        if active:
-            rx, tx = round(2e5 + (3e6 - 2e5) * random()), round(1e5 + (1e6 - 1e5) * random())
-        else:
-            rx, tx = round(500 * random()), round(500 * random())
-        fixed = gpu.fixed
-        if fixed is None or fixed[0] != pid:
-            fixed = gpu.fixed = (pid, f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}")
-        return GpuSample.quick(
-            index=index, name=GPU_NAME, uuid=fixed[1], util_pct=round(util, 1), mem_util_pct=round(util * 0.55, 1),
-            mem_used_mib=round(mem_used), mem_total_mib=MEM_TOTAL_MIB, temperature_c=round(temperature, 1),
-            power_w=round(power, 1), power_limit_w=POWER_LIMIT_W,
-            fan_pct=None,  # passively cooled, like the real one
-            clock_sm_mhz=1410.0 if busy else 210.0, clock_mem_mhz=1593.0, pcie_rx_kib_s=rx, pcie_tx_kib_s=tx,
-            pstate="P0" if busy else "P8", ecc_corrected=0, ecc_uncorrected=0, processes=processes, throttle=throttle, energy_mj=None,
-        )
+        throttle = np.where(~busy, 1, np.where(power >= POWER_LIMIT_W * 0.97, 2, np.where(temperature >= THERMAL_SLOWDOWN_C, 3, 0)))
+        rx = np.rint(np.where(running, 2e5 + (3e6 - 2e5) * draws[2], 500.0 * draws[2])).astype(int)
+        tx = np.rint(np.where(running, 1e5 + (1e6 - 1e5) * draws[3], 500.0 * draws[3])).astype(int)
+        host_draws = self._rng.random((3, hosts))
+        cpu = np.round(np.where(active, 35.0 + 20.0 * host_draws[0], 1.0 + 4.0 * host_draws[0]), 1)
+        host_mem = np.round(np.where(active, 48_000.0, 9_000.0) + 2_000.0 * host_draws[1], 1)
+        duration = 0.002 + 0.003 * host_draws[2]
+        running_s = np.round(np.maximum(0.0, now - self._run_started), 1)
+
+        columns = (np.round(util, 1), np.round(util * 0.55, 1), np.rint(mem).astype(int), np.round(temperature, 1),
+                   np.round(power, 1), busy, throttle, rx, tx, running, np.rint(mem - 4.0).astype(int),
+                   np.rint(util).astype(int), np.round(90.0 + util / 10.0, 1))
+        rows = [c.tolist() for c in columns]
+        host_rows = (cpu.tolist(), host_mem.tolist(), duration.tolist(), running_s.tolist())
+        return [self._host(i, now, [col[i] for col in rows], [col[i] for col in host_rows]) for i in range(hosts)]
+
+    def _host(self, i: int, now: float, gpu: list[list[Any]], host: list[Any]) -> HostSnapshot:
+        util, mem_util, mem, temperature, power, busy, throttle, rx, tx, running, proc_mem, sm, proc_cpu = gpu
+        cpu, mem_used, duration, running_s = host
+        pids, users, uuids = self._pid_list[i], self._users[i], self._uuids[i]
+        samples = tuple(
+            adopt(GpuSample, {
+                "index": g, "name": GPU_NAME, "uuid": uuids[g], "util_pct": util[g], "mem_util_pct": mem_util[g],
+                "mem_used_mib": mem[g], "mem_total_mib": MEM_TOTAL_MIB, "temperature_c": temperature[g], "power_w": power[g],
+                "power_limit_w": POWER_LIMIT_W, "fan_pct": None,  # passively cooled, like the real one
+                "clock_sm_mhz": 1410.0 if busy[g] else 210.0, "clock_mem_mhz": 1593.0, "pcie_rx_kib_s": rx[g],
+                "pcie_tx_kib_s": tx[g], "pstate": "P0" if busy[g] else "P8", "ecc_corrected": 0, "ecc_uncorrected": 0,
+                "processes": (adopt(GpuProcess, {"pid": pids[g], "name": PROCESS_NAME, "user": users[g], "gpu_memory_mib": proc_mem[g],
+                                       "sm_pct": sm[g], "cpu_pct": proc_cpu[g], "rss_mib": 3100.0 + 16 * g,
+                                       "running_s": running_s, "started": None}),) if running[g] else (),
+                "throttle": _THROTTLE[throttle[g]], "energy_mj": None})
+            for g in range(len(pids)))
+        return HostSnapshot(name=self._names[i], state=HostState.OK, time=now, duration_s=duration, kind="sim",
+                            address="simulated", cpu_pct=cpu, mem_used_mib=mem_used, mem_total_mib=515_000.0, gpus=samples,
+                            message=None if samples else "no GPU", driver=DRIVER)
