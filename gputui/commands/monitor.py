@@ -136,6 +136,10 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     view = _View(args, procs, rule=_rule(args))
     code = 0
     rounds = 0
+    if not args.once:
+        from gputui.model import heap
+
+        heap.for_polling()
     previous = _stop_on_sigterm()
     try:
         if listen is not None:

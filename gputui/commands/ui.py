@@ -49,7 +49,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
                                demo=bool(getattr(args, "demo", False)),
                                sim_hosts=env_int("GPUTUI_DEMO_HOSTS", 3), sim_gpus=env_int("GPUTUI_DEMO_GPUS", 4))
     check_options(options)
+    from gputui.model import heap
     from gputui.ui.app import create_app
+
+    heap.for_polling()
 
     app = create_app(Backend(options))
     if getattr(args, "light", False):
