@@ -61,12 +61,11 @@ class SimSource:
         self._mem = np.full(shape, 4.0)
         self._temperature = np.full(shape, AMBIENT_C + 6.0)
         self._users = [[account(i, g, gpus) for g in range(gpus)] for i in range(hosts)]
-        self._pid_list: list[list[int]] = self._pids.tolist()
-        self._uuids = [[self._uuid(g, pid) for g, pid in enumerate(row)] for row in self._pid_list]
-
-    @staticmethod
-    def _uuid(index: int, pid: int) -> str:
-        return f"GPU-5151{index:04d}-0000-4000-8000-{pid:012d}"
+        # What never changes, GPU after GPU over the fleet (the order of a round's samples).
+        self._index_flat = [g for _ in range(hosts) for g in range(gpus)]
+        self._pid_flat: list[int] = self._pids.ravel().tolist()
+        self._user_flat = [user for row in self._users for user in row]
+        self._uuid_flat = [f"GPU-5151{g:04d}-0000-4000-8000-{pid:012d}" for g, pid in zip(self._index_flat, self._pid_flat)]
 
     def set_active(self, host: int, active: bool | None) -> None:
         """Force a host's run on or off (None: back to the seeded schedule)."""
@@ -126,29 +125,27 @@ class SimSource:
         duration = 0.002 + 0.003 * host_draws[2]
         running_s = np.round(np.maximum(0.0, now - self._run_started), 1)
 
+        # The samples, GPU after GPU over the fleet: plain Python values from the arrays, each
+        # sample's dict literal adopted as its fields (the dict a dataclass __init__ would build).
         columns = (np.round(util, 1), np.round(util * 0.55, 1), np.rint(mem).astype(int), np.round(temperature, 1),
                    np.round(power, 1), busy, throttle, rx, tx, running, np.rint(mem - 4.0).astype(int),
-                   np.rint(util).astype(int), np.round(90.0 + util / 10.0, 1))
-        rows = [c.tolist() for c in columns]
-        host_rows = (cpu.tolist(), host_mem.tolist(), duration.tolist(), running_s.tolist())
-        return [self._host(i, now, [col[i] for col in rows], [col[i] for col in host_rows]) for i in range(hosts)]
-
-    def _host(self, i: int, now: float, gpu: list[list[Any]], host: list[Any]) -> HostSnapshot:
-        util, mem_util, mem, temperature, power, busy, throttle, rx, tx, running, proc_mem, sm, proc_cpu = gpu
-        cpu, mem_used, duration, running_s = host
-        pids, users, uuids = self._pid_list[i], self._users[i], self._uuids[i]
-        samples = tuple(
-            adopt(GpuSample, {
-                "index": g, "name": GPU_NAME, "uuid": uuids[g], "util_pct": util[g], "mem_util_pct": mem_util[g],
-                "mem_used_mib": mem[g], "mem_total_mib": MEM_TOTAL_MIB, "temperature_c": temperature[g], "power_w": power[g],
+                   np.rint(util).astype(int), np.round(90.0 + util / 10.0, 1), np.repeat(running_s, gpus))
+        samples = []
+        for (index, uuid, pid, user, util_pct, mem_util, mem_used, temperature_c, power_w, busy_now, throttled, rx_kib, tx_kib,
+             run, proc_mem, sm, proc_cpu, age) in zip(self._index_flat, self._uuid_flat, self._pid_flat, self._user_flat,
+                                                      *(c.ravel().tolist() for c in columns)):
+            samples.append(adopt(GpuSample, {
+                "index": index, "name": GPU_NAME, "uuid": uuid, "util_pct": util_pct, "mem_util_pct": mem_util,
+                "mem_used_mib": mem_used, "mem_total_mib": MEM_TOTAL_MIB, "temperature_c": temperature_c, "power_w": power_w,
                 "power_limit_w": POWER_LIMIT_W, "fan_pct": None,  # passively cooled, like the real one
-                "clock_sm_mhz": 1410.0 if busy[g] else 210.0, "clock_mem_mhz": 1593.0, "pcie_rx_kib_s": rx[g],
-                "pcie_tx_kib_s": tx[g], "pstate": "P0" if busy[g] else "P8", "ecc_corrected": 0, "ecc_uncorrected": 0,
-                "processes": (adopt(GpuProcess, {"pid": pids[g], "name": PROCESS_NAME, "user": users[g], "gpu_memory_mib": proc_mem[g],
-                                       "sm_pct": sm[g], "cpu_pct": proc_cpu[g], "rss_mib": 3100.0 + 16 * g,
-                                       "running_s": running_s, "started": None}),) if running[g] else (),
-                "throttle": _THROTTLE[throttle[g]], "energy_mj": None})
-            for g in range(len(pids)))
-        return HostSnapshot(name=self._names[i], state=HostState.OK, time=now, duration_s=duration, kind="sim",
-                            address="simulated", cpu_pct=cpu, mem_used_mib=mem_used, mem_total_mib=515_000.0, gpus=samples,
-                            message=None if samples else "no GPU", driver=DRIVER)
+                "clock_sm_mhz": 1410.0 if busy_now else 210.0, "clock_mem_mhz": 1593.0, "pcie_rx_kib_s": rx_kib,
+                "pcie_tx_kib_s": tx_kib, "pstate": "P0" if busy_now else "P8", "ecc_corrected": 0, "ecc_uncorrected": 0,
+                "processes": (adopt(GpuProcess, {
+                    "pid": pid, "name": PROCESS_NAME, "user": user, "gpu_memory_mib": proc_mem, "sm_pct": sm, "cpu_pct": proc_cpu,
+                    "rss_mib": 3100.0 + 16 * index, "running_s": age, "started": None}),) if run else (),
+                "throttle": _THROTTLE[throttled], "energy_mj": None}))
+        return [HostSnapshot(name=name, state=HostState.OK, time=now, duration_s=duration_s, kind="sim", address="simulated",
+                             cpu_pct=cpu_pct, mem_used_mib=mem_used, mem_total_mib=515_000.0,
+                             gpus=tuple(samples[i * gpus:(i + 1) * gpus]), message=None if gpus else "no GPU", driver=DRIVER)
+                for i, (name, cpu_pct, mem_used, duration_s) in enumerate(zip(self._names, cpu.tolist(), host_mem.tolist(),
+                                                                              duration.tolist()))]
