@@ -16,7 +16,7 @@ from gputui.ui.hosts_panel import HostsView
 from gputui.ui.lab_panel import LabFilterScreen
 from gputui.ui.screens import HelpScreen
 from gputui.ui.users_screen import HostScreen, UsersScreen, UsersTable
-from tests.dashboard_support import Clock, drive, make_backend, screen_text, wait_for
+from tests.dashboard_support import Clock, drive, make_backend, screen_text, settled, wait_for
 from tests.dashboard_support import utc  # noqa: F401 - an autouse fixture: the screen's clock in UTC
 from tests.test_dashboard_processes import Scripted
 
@@ -362,3 +362,31 @@ def test_the_help_lists_the_lab_keys() -> None:
 
     text = drive(app, scenario, size=(120, 60))
     assert "lab view" in text and "Who holds what" in text, text
+
+
+def test_a_round_repaints_only_the_host_lines_whose_content_changed() -> None:
+    """node-03's first GPU drops from 100% to 40% between two rounds and nothing else changes
+    (the time aside): the round redraws node-03's line alone, and the screen shows its new mean."""
+    from dataclasses import replace
+
+    before, after = fleet(T0, down=False), fleet(T0 + GAP_S, down=False)
+    i = next(k for k, h in enumerate(after) if h.name == "node-03")
+    after[i] = replace(after[i], gpus=(replace(after[i].gpus[0], util_pct=40.0),) + after[i].gpus[1:])
+    app = create_app(make_backend(demo=False, source=Scripted([before, after]), clock=Clock(), interval=3600))
+
+    async def scenario(pilot: Any) -> tuple[list[int], list[str], str]:
+        view = app.query_one(HostsView)
+        await wait_for(pilot, lambda: view.lab and "● node-03" in screen_text(app), what="the first round in the lab view")
+        await settled(pilot, what="the first round drawn")
+        drawn: list[int] = []
+        draw = view.render_line
+        view.render_line = lambda y: (drawn.append(y), draw(y))[1]  # type: ignore[method-assign]
+        app.poll_hosts()
+        await wait_for(pilot, lambda: app.hosts_polls >= 2, what="the second round")
+        text = await settled(pilot, lambda: " 13%" in screen_text(app), what="node-03's new mean on the screen")
+        return drawn, view.text_lines, text
+
+    drawn, lines, text = drive(app, scenario)
+    y = next(k for k, line in enumerate(lines) if line.startswith("● node-03 "))  # scrolled to the top: screen line y
+    assert drawn and set(drawn) == {y}, (drawn, y)
+    assert " 33%" not in [line for line in text.splitlines() if "node-03" in line][0]  # (100 + 0 + 0) / 3 before

@@ -27,7 +27,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.css.scalar import Unit
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
@@ -101,7 +101,9 @@ class HostsView(LinesView, can_focus=True):
     COMPONENT_CLASSES = {"hosts--name", "hosts--ok", "hosts--bad", "hosts--dim", "hosts--util", "hosts--mem",
                          "hosts--spark", "hosts--hot", "hosts--throttle", "hosts--run", "hosts--warn", "hosts--free",
                          "hosts--full", "hosts--cursor", "hosts--fleet"}
-    frame: reactive[HostsFrame | None] = reactive(None)
+    # A new frame repaints what it changed (watch_frame): in the lab view, only the lines whose
+    # content changed, not the whole panel.
+    frame: reactive[HostsFrame | None] = reactive(None, repaint=False)
     error: reactive[str | None] = reactive(None)
     # The GPUs (NVML indices) of this machine that the dashboard's run holds (a program's start
     # event says them): their index is marked on the local host's lines.
@@ -141,6 +143,8 @@ class HostsView(LinesView, can_focus=True):
         self._cursor_name: str | None = None
         self._cache: dict[tuple[object, ...], Strip] = {}
         self._old: dict[tuple[object, ...], Strip] = {}
+        self._content: dict[int, tuple[tuple[str, Style | None], ...]] = {}  # a row's line (its text and styles) this round
+        self._shown: tuple[object, list[object]] | None = None  # the screen's lines as last repainted
         self.built = 0  # lab strips built (the tests and the benchmark read it)
 
     def watch_frame(self) -> None:
@@ -165,12 +169,12 @@ class HostsView(LinesView, can_focus=True):
 
     def _restyle(self) -> None:
         self._styles = {}
-        self._cache, self._old = {}, {}
+        self._cache, self._old, self._shown = {}, {}, None
         self._rebuild()
 
     def notify_style_update(self) -> None:
         self._styles = {}
-        self._cache, self._old = {}, {}
+        self._cache, self._old, self._shown = {}, {}, None
         super().notify_style_update()
         self._rebuild()
 
@@ -222,6 +226,7 @@ class HostsView(LinesView, can_focus=True):
         lab = self._wants_lab()
         if lab != self.lab:
             self.lab = lab
+            self._shown = None  # the other view was on screen: repaint it all
             self.border_subtitle = None
             self.scroll_to(y=0, animate=False)
             self.refresh_bindings()  # the lab keys show in the footer (or leave it)
@@ -281,17 +286,48 @@ class HostsView(LinesView, can_focus=True):
         # rebuild (two rounds, or a resize and a round, in a row), the older ones stay.
         if self._cache:
             self._old, self._cache = self._cache, {}
+        self._content = {}
         self.virtual_size = Size(width, len(header) + len(self._rows))
-        self.refresh()
+        self._repaint_changed()
+
+    def _repaint_changed(self) -> None:
+        """Repaint the lines on screen whose content changed since the last repaint; all of them
+        after a change of size, scroll, cursor, focus or layout (a lab's round changes the busy
+        hosts' figures, seldom the idle ones')."""
+        region = self.scrollable_content_region
+        top = self.scroll_offset.y
+        view = (region.size, top, self._cursor, self.has_focus, self._layout, self._built_width, len(self._header))
+        lines: list[object] = []
+        for y in range(region.height):
+            if y < len(self._header):
+                lines.append(tuple(self._header[y]))
+            else:
+                index = top + y - len(self._header)
+                lines.append(self._line(index) if index < len(self._rows) else None)
+        before, self._shown = self._shown, (view, lines)
+        if before is None or before[0] != view:
+            self.refresh()
+            return
+        changed = [Region(0, y, region.width, 1) for y, (was, now) in enumerate(zip(before[1], lines)) if was != now]
+        if changed:
+            self.refresh(*changed)
+
+    def _line(self, index: int) -> tuple[tuple[str, Style | None], ...]:
+        """Row `index`'s lab line, as (text, style) pairs, made once a round."""
+        line = self._content.get(index)
+        if line is None:
+            line = self._content[index] = tuple(lab_panel.lab_line(self._rows[index], self._built_width, *self._layout,
+                                                                   self._style))
+        return line
 
     def _lab_strip(self, index: int, width: int, base: Style) -> Strip:
-        row = self._rows[index]
         chosen = index == self._cursor and self.has_focus
-        key = (row, width, self._layout, chosen)
+        line = self._line(index) if width == self._built_width else tuple(
+            lab_panel.lab_line(self._rows[index], width, *self._layout, self._style))
+        key = (line, width, chosen)  # what it shows: a host whose figures did not change is drawn as it was
         strip = self._cache.get(key) or self._old.get(key)
         if strip is None:
             self.built += 1
-            line = lab_panel.lab_line(row, width, *self._layout, self._style)
             strip = Strip([Segment(text, style) for text, style in line]).simplify()
             if chosen:
                 strip = strip.apply_style(self._style("hosts--cursor"))
