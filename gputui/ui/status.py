@@ -40,6 +40,7 @@ class StatusBar(Widget):
         self.renders = 0  # how often it was drawn: the tests check that repaints go on
         self.waiting: dict[str, float] = {}  # what -> monotonic time since it has been waited for
         self.drawn_at = 0.0
+        self._styles: dict[str, Style] = {}  # its component styles, read once a theme (a walk of the ancestors' styles each)
 
     def tick(self) -> None:
         """Once a second: redraw unless something else just did (one repaint, not two)."""
@@ -52,7 +53,26 @@ class StatusBar(Widget):
             self.refresh()  # the "no answer" note goes at once
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(name, partial=True)
+        return style
+
+    def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, _theme: object) -> None:
+        """Another theme (L): its colours, once the new variables are in place."""
+        self._styles = {}
+        self.call_after_refresh(self._restyle)
+
+    def _restyle(self) -> None:
+        self._styles = {}
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        self._styles = {}
+        super().notify_style_update()
 
     def render(self) -> Text:
         self.renders += 1
