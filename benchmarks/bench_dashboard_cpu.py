@@ -28,6 +28,11 @@ libraries at the end of each window.
         panel shows its lab view, one line per host, at 120x40 from 5 hosts x 8 GPUs on)
     python benchmarks/bench_dashboard_cpu.py --hosts 64 --against /tmp/old --rounds 3   (idle, this
         tree against another checkout, alternated in one run: `git worktree add /tmp/old COMMIT`)
+    python benchmarks/bench_dashboard_cpu.py --hosts 256 --floor --rounds 3   (idle, against the
+        floor: a bare Textual app in the same pane that repaints a one-line clock every second and
+        shows a page of static text, alternated in one run. What any 1 Hz Textual screen costs on
+        this machine, its input thread and its repaint included: the dashboard's own share is the
+        difference.)
 """
 
 from __future__ import annotations
@@ -343,11 +348,66 @@ def program(home: Path, args: argparse.Namespace) -> dict[str, Any]:
             tmux.kill()
 
 
+FLOOR_APP = """
+import time
+from textual.app import App
+from textual.widget import Widget
+from textual.widgets import Static
+
+class Clock(Widget):
+    def render(self):
+        return "floor: " + time.strftime("%H:%M:%S")
+
+class Floor(App):
+    CSS = "Clock { height: 1; }"
+
+    def compose(self):
+        self.clock = Clock()
+        yield self.clock
+        yield Static("a page of static text " * 150)
+
+    def on_mount(self):
+        self.set_interval(1.0, self.clock.refresh)
+
+Floor().run()
+"""
+
+
+def floor_idle(args: argparse.Namespace) -> dict[str, Any]:
+    """The floor's CPU over the window: a bare Textual app repainting one line every second."""
+    tmux = Tmux()
+    command = f"exec env TERM=xterm-256color {shlex.quote(sys.executable)} -c {shlex.quote(FLOOR_APP)}"
+    tmux("new-session", "-d", "-s", "dash", "-x", str(SIZE[0]), "-y", str(SIZE[1]), command)
+    tmux("set-option", "-t", "dash", "remain-on-exit", "on")
+    try:
+        proc = psutil.Process(int(tmux("display-message", "-p", "-t", "dash", "#{pane_pid}").strip()))
+        tmux.wait("floor:", 60, "the floor app's first frame")
+        time.sleep(args.warmup)
+        return measure(proc, tmux, args.seconds)
+    finally:
+        tmux.kill()
+
+
 def against(args: argparse.Namespace) -> int:
     """Idle CPU of two trees' dashboards, alternated in one run (the order swapped every round),
     so that the machine's load and CPU accounting weigh on both alike."""
     import statistics
 
+    if args.floor:
+        print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); idle, {args.hosts} sim hosts x "
+              f"{args.gpus} GPUs, {args.seconds:g} s windows; floor = a bare Textual app repainting a clock at 1 Hz")
+        floors: dict[str, list[float]] = {"floor": [], "dashboard": []}
+        with tempfile.TemporaryDirectory() as tmp:
+            for n in range(args.rounds):
+                for name in (("floor", "dashboard") if n % 2 == 0 else ("dashboard", "floor")):
+                    r = floor_idle(args) if name == "floor" else idle(Path(tmp) / f"d{n}", args)
+                    floors[name].append(r["cpu_pct"])
+                    print(f"  round {n + 1} {name}: {r['cpu_pct']:.2f}% of one core (load {os.getloadavg()[0]:.2f})")
+        low, dash = statistics.median(floors["floor"]), statistics.median(floors["dashboard"])
+        print(f"median floor {low:.2f}%, dashboard {dash:.2f}%: the dashboard's own {dash - low:.2f}% "
+              f"(dashboard/floor {dash / low:.2f}); budget {IDLE_BUDGET_PCT:.0f}%")
+        print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        return 0
     other = args.against.resolve()
     if not (other / "gputui" / "__init__.py").is_file():
         raise SystemExit(f"bench_dashboard_cpu: --against {other}: not a gputui checkout (no gputui/__init__.py)")
@@ -380,11 +440,14 @@ def main() -> int:
     parser.add_argument("--against", type=Path, metavar="TREE",
                         help="idle only: alternate this tree's dashboard with TREE's (another checkout, e.g. a "
                              "`git worktree add` of an older commit), --rounds times, and print new/old")
-    parser.add_argument("--rounds", type=int, default=3, help="with --against: rounds of (TREE, this tree)")
+    parser.add_argument("--floor", action="store_true",
+                        help="idle only: alternate this tree's dashboard with a bare Textual app repainting a clock "
+                             "at 1 Hz (the floor any 1 Hz Textual screen costs here), --rounds times")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against or --floor: rounds of (TREE or floor, this tree)")
     args = parser.parse_args()
     if args.feed:
         return feed(args.rate, args.profile)
-    if args.against is not None:
+    if args.against is not None or args.floor:
         return against(args)
     failed = False
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
