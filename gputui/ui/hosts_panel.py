@@ -40,6 +40,7 @@ from gputui.monitor.lab import HostLine, LabFilter
 from gputui.ui.bindings import lab_bindings
 from gputui.ui.draw import bar, sparkline
 from gputui.ui.lines import LinesView
+from gputui.ui.themed import Themed
 from gputui.ui import lab_panel
 
 BUSY_PCT = 5.0  # a GPU this busy or more that is throttled shows why (an idle GPU's clocks are low anyway)
@@ -93,7 +94,7 @@ def gpu_layout(width: int, throttle: str) -> tuple[int, int, int, int]:
     return bar_w, name_w, throttle_w, spark_w
 
 
-class HostsView(LinesView, can_focus=True):
+class HostsView(LinesView, Themed, can_focus=True):
     """The hosts panel: one line per host, one per GPU; the lab view (one line per host) when
     they do not fit. `only`: draw that host alone (the host screen), never the lab view."""
 
@@ -128,7 +129,6 @@ class HostsView(LinesView, can_focus=True):
         self.only = only
         self._lines: list[Line] = []
         self._strips: dict[int, Strip] = {}
-        self._styles: dict[str, Style] = {}
         self._built_width = 0
         self._seen: set[str] = set()  # the hosts of the last frame: one that appears is scrolled to
         # The lab view: its rows (sorted, filtered), header lines, layout, the selected host, and
@@ -159,29 +159,15 @@ class HostsView(LinesView, can_focus=True):
     def on_resize(self) -> None:
         self._rebuild()
 
-    def on_mount(self) -> None:
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
-
-    def _theme_changed(self, _theme: object) -> None:
+    def restyled(self) -> None:
         """Another theme (L): the colours of every line, once the new variables are in place."""
-        self._styles = {}
-        self.call_after_refresh(self._restyle)
-
-    def _restyle(self) -> None:
-        self._styles = {}
         self._cache, self._old, self._shown = {}, {}, None
         self._rebuild()
 
     def notify_style_update(self) -> None:
-        self._styles = {}
         self._cache, self._old, self._shown = {}, {}, None
         super().notify_style_update()
         self._rebuild()
-
-    def _style(self, name: str) -> Style:
-        if name not in self._styles:
-            self._styles[name] = self.get_component_rich_style(name, partial=True)
-        return self._styles[name]
 
     @property
     def text_lines(self) -> list[str]:

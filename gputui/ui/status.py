@@ -17,18 +17,18 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
 from textual.reactive import reactive
-from textual.widget import Widget
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
 from gputui.model.text import clean
 from gputui.model.units import duration
+from gputui.ui.themed import Themed
 
 PINNED = ("help", "quit")  # footer keys that always show, at the right end
 SEP = " · "
 
 
-class StatusBar(Widget):
+class StatusBar(Themed):  # its styles read once a theme: the line is drawn every second
     COMPONENT_CLASSES = {"status--name", "status--dim", "status--warn"}
     profile: reactive[str] = reactive("")
     mode: reactive[str] = reactive("")
@@ -40,7 +40,6 @@ class StatusBar(Widget):
         self.renders = 0  # how often it was drawn: the tests check that repaints go on
         self.waiting: dict[str, float] = {}  # what -> monotonic time since it has been waited for
         self.drawn_at = 0.0
-        self._styles: dict[str, Style] = {}  # its component styles, read once a theme (a walk of the ancestors' styles each)
 
     def tick(self) -> None:
         """Once a second: redraw unless something else just did (one repaint, not two)."""
@@ -51,28 +50,6 @@ class StatusBar(Widget):
         since = self.waiting.pop(what, None)
         if since is not None and time.monotonic() - since >= 3.0:
             self.refresh()  # the "no answer" note goes at once
-
-    def _style(self, name: str) -> Style:
-        style = self._styles.get(name)
-        if style is None:
-            style = self._styles[name] = self.get_component_rich_style(name, partial=True)
-        return style
-
-    def on_mount(self) -> None:
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
-
-    def _theme_changed(self, _theme: object) -> None:
-        """Another theme (L): its colours, once the new variables are in place."""
-        self._styles = {}
-        self.call_after_refresh(self._restyle)
-
-    def _restyle(self) -> None:
-        self._styles = {}
-        self.refresh()
-
-    def notify_style_update(self) -> None:
-        self._styles = {}
-        super().notify_style_update()
 
     def render(self) -> Text:
         self.renders += 1
