@@ -316,6 +316,39 @@ def test_a_burst_of_1000_events_costs_a_few_plot_builds_not_one_each() -> None:
     drive(app, scenario)
 
 
+def test_the_redraw_timer_pauses_with_nothing_to_draw_and_new_data_or_overlays_wake_it(tmp_path: Path) -> None:
+    """An idle panel (no run, or a run that stopped) stops waking up once a second; new curves,
+    and runs picked to lay over, start its timer again."""
+    from types import SimpleNamespace
+
+    from gputui.ui.curves_panel import IDLE_TICKS
+
+    run = run_dir_with(tmp_path, reference_events(), "earlier")
+    app = CurvesApp(interval=0.05)
+
+    async def scenario(pilot: Any) -> None:
+        panel = app.query_one(CurvesPanel)
+        timer = panel._timer
+        assert timer is not None
+        await wait_for(pilot, lambda: not timer._active.is_set(), "the idle panel's timer to pause")
+        assert panel._idle >= IDLE_TICKS
+        ticks = panel.ticks
+        await drawn(pilot, panel)
+        assert panel.ticks == ticks  # paused: no tick while nothing changes
+        panel.curves = Curves().fold(reference_events()[0]).fold(reference_events()[1])  # data
+        assert timer._active.is_set()
+        await wait_for(pilot, lambda: panel.ticks > ticks and not timer._active.is_set(), "a tick, then a pause again")
+        state = SimpleNamespace(curves=panel.curves, program=None)  # the training panel's state, as the app hands it on
+        panel.state = state
+        await wait_for(pilot, lambda: not timer._active.is_set(), "the timer to pause again")
+        app.overlay_runs = [str(run)]
+        panel.state = state  # what the app does after the runs screen (show_training): the same state
+        assert timer._active.is_set()
+        await wait_for(pilot, lambda: len(panel.overlays) == 1, "the overlay loaded by the woken timer")
+
+    drive(app, scenario)
+
+
 def test_overlays_from_app_overlay_runs_are_drawn_and_named(tmp_path: Path) -> None:
     run = run_dir_with(tmp_path, reference_events(), "earlier")
     app = CurvesApp()

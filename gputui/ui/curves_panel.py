@@ -25,6 +25,7 @@ from textual.app import ComposeResult, RenderResult
 from textual.color import Color
 from textual.containers import Vertical
 from textual.events import Resize
+from textual.timer import Timer
 from textual.widgets import Static
 
 from gputui.runs.curves import (METRIC_AXES, SERIES, SERIES_LABELS, X_AXES, X_LABELS, Curves, MetricCurves, SeriesCache,
@@ -35,6 +36,7 @@ from gputui.runs.history import export_csv
 from gputui.model.text import clean
 
 REDRAW_S = 0.85  # at most 1.2 plot builds a second: above the 1 Hz the curves promise, at a bounded cost
+IDLE_TICKS = 3  # ticks in a row with nothing to draw before the redraw timer pauses (new data wakes it)
 SMOOTHING = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 DEFAULT_SMOOTHING = 0.6  # TensorBoard's default
 COLOURS: dict[str, tuple[int, int, int]] = {"train_loss": (64, 156, 255), "epoch_loss": (176, 124, 255),
@@ -206,12 +208,14 @@ class CurvesPanel(Vertical):
         self._overlay_xy: dict[tuple[int, str, str, float], tuple[list[float], list[float]]] = {}
         self._series = SeriesCache()  # the current run's series, smoothed as they grow
         self._state: Any = None
+        self._timer: Timer | None = None
+        self._idle = 0  # ticks in a row that found nothing to draw
 
     def compose(self) -> ComposeResult:
         yield Static(id="curves-legend")  # the plot is mounted after the first frame (plotext loads then)
 
     def on_mount(self) -> None:
-        self.set_interval(self.interval, self._tick, name="curves-redraw")
+        self._timer = self.set_interval(self.interval, self._tick, name="curves-redraw")
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self.redraw())  # faint colours follow the background
         self.call_after_refresh(self._mount_plot)
 
@@ -234,6 +238,7 @@ class CurvesPanel(Vertical):
         if curves is not self._curves:
             self._curves = curves
             self._changes += 1
+            self._wake()
 
     @property
     def state(self) -> Any:
@@ -248,6 +253,9 @@ class CurvesPanel(Vertical):
             self._state_data = data
             self._pending = state
             self._changes += 1
+            self._wake()
+        elif self._overlays_wanted() != self._overlay_key:  # the runs screen picked runs to lay over
+            self._wake()
 
     @property
     def run_dir(self) -> str | None:
@@ -259,6 +267,17 @@ class CurvesPanel(Vertical):
         self._check_overlays()
         if self._key() != self._drawn:
             self.redraw()
+            self._idle = 0
+            return
+        self._idle += 1
+        if self._idle >= IDLE_TICKS and self._timer is not None:
+            self._timer.pause()  # nothing to draw (no run, or one that stopped): no wake-ups until data comes
+
+    def _wake(self) -> None:
+        """New data: the redraw timer runs again (it draws at most once an interval)."""
+        self._idle = 0
+        if self._timer is not None:
+            self._timer.resume()
 
     def _key(self) -> tuple[Any, ...]:
         return (self._changes, self.axis, self.weight, self.log_scale, self._overlay_changes, self.size.width,
@@ -446,8 +465,11 @@ class CurvesPanel(Vertical):
         return text
 
     # overlays ----------------------------------------------------------------------------------------
+    def _overlays_wanted(self) -> tuple[str, ...]:
+        return tuple(str(p) for p in (getattr(self.app, "overlay_runs", None) or ()))
+
     def _check_overlays(self) -> None:
-        wanted = tuple(str(p) for p in (getattr(self.app, "overlay_runs", None) or ()))
+        wanted = self._overlays_wanted()
         if wanted == self._overlay_key:
             return
         self._overlay_key = wanted
