@@ -67,7 +67,6 @@ class HostLine:
     mem_total_mib: float | None = None
     top_user: str | None = None  # the account holding the most GPU memory here
     top_user_mib: float | None = None
-    users: frozenset[str] = frozenset()
     # Per account on this host: (account, GPUs it runs a process on, their memory MiB, processes);
     # the fleet's totals and GPU-hours are sums of these (one pass over a round's GPUs).
     held: tuple[tuple[str, int, float, int], ...] = ()
@@ -75,6 +74,11 @@ class HostLine:
     @property
     def reachable(self) -> bool:
         return self.state.worked
+
+    @cached_property
+    def users(self) -> frozenset[str]:
+        """The accounts with a process here."""
+        return frozenset(user for user, *_ in self.held)
 
     @cached_property
     def cells(self) -> tuple[GpuCell, ...]:
@@ -128,7 +132,7 @@ def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLi
     top = max(memory.items(), key=lambda kv: (kv[1], kv[0])) if memory else None
     return HostLine(host.name, host.state, host.message, len(frees), host.gpus, tuple(frees), free,
                     util_sum / util_n if util_n else None, used, total,
-                    top[0] if top else None, top[1] if top else None, frozenset(memory),
+                    top[0] if top else None, top[1] if top else None,
                     tuple((u, gpus[u], memory[u], processes[u]) for u in gpus))
 
 

@@ -2,7 +2,8 @@
 
 Each host alternates between training runs and idle spells (or follows `set_active`).
 While a run is active, utilisation, memory and power rise; temperature follows power with
-a lag; the fan follows temperature. The same seed gives the same sequence of readings.
+a lag (the boards are passively cooled: no fan). The same seed gives the same sequence of
+readings.
 
 A lab's demo is 256 hosts x 8 GPUs polled every second, so a round is one step of numpy
 arrays over the whole fleet (a fixed number of draws a round, whatever the hosts do), and
@@ -60,11 +61,10 @@ class SimSource:
         self._util = np.zeros(shape)
         self._mem = np.full(shape, 4.0)
         self._temperature = np.full(shape, AMBIENT_C + 6.0)
-        self._users = [[account(i, g, gpus) for g in range(gpus)] for i in range(hosts)]
         # What never changes, GPU after GPU over the fleet (the order of a round's samples).
         self._index_flat = [g for _ in range(hosts) for g in range(gpus)]
         self._pid_flat: list[int] = self._pids.ravel().tolist()
-        self._user_flat = [user for row in self._users for user in row]
+        self._user_flat = [account(i, g, gpus) for i in range(hosts) for g in range(gpus)]
         self._uuid_flat = [f"GPU-5151{g:04d}-0000-4000-8000-{pid:012d}" for g, pid in zip(self._index_flat, self._pid_flat)]
 
     def set_active(self, host: int, active: bool | None) -> None:
@@ -145,7 +145,7 @@ class SimSource:
                     "rss_mib": 3100.0 + 16 * index, "running_s": age, "started": None}),) if run else (),
                 "throttle": _THROTTLE[throttled], "energy_mj": None}))
         return [HostSnapshot(name=name, state=HostState.OK, time=now, duration_s=duration_s, kind="sim", address="simulated",
-                             cpu_pct=cpu_pct, mem_used_mib=mem_used, mem_total_mib=515_000.0,
+                             cpu_pct=cpu_pct, mem_used_mib=ram_used, mem_total_mib=515_000.0,
                              gpus=tuple(samples[i * gpus:(i + 1) * gpus]), message=None if gpus else "no GPU", driver=DRIVER)
-                for i, (name, cpu_pct, mem_used, duration_s) in enumerate(zip(self._names, cpu.tolist(), host_mem.tolist(),
+                for i, (name, cpu_pct, ram_used, duration_s) in enumerate(zip(self._names, cpu.tolist(), host_mem.tolist(),
                                                                               duration.tolist()))]
