@@ -20,6 +20,7 @@ import re
 import secrets
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Mapping
 
 LOOPBACK = "127.0.0.1"
@@ -91,7 +92,7 @@ def quiet_ports(ranges: str | None = None) -> tuple[int, int]:
     """Ports [low, high) that the kernel never hands out by itself: below this machine's ephemeral
     range (`ranges`: that file's text), whose ports go to every connect() and every bind to port 0."""
     try:
-        text = ranges if ranges is not None else open(EPHEMERAL_RANGE, encoding="ascii").read()
+        text = ranges if ranges is not None else Path(EPHEMERAL_RANGE).read_text(encoding="ascii")
         ephemeral_low = int(text.split()[0])
     except (OSError, ValueError, IndexError):
         return QUIET_PORTS
