@@ -388,26 +388,31 @@ def floor_idle(args: argparse.Namespace) -> dict[str, Any]:
         tmux.kill()
 
 
+def floor_against(args: argparse.Namespace) -> int:
+    """Idle CPU of this tree's dashboard and of the floor (FLOOR_APP), alternated in one run."""
+    import statistics
+
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); idle, {args.hosts} sim hosts x "
+          f"{args.gpus} GPUs, {args.seconds:g} s windows; floor = a bare Textual app repainting a clock at 1 Hz")
+    floors: dict[str, list[float]] = {"floor": [], "dashboard": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(args.rounds):
+            for name in (("floor", "dashboard") if n % 2 == 0 else ("dashboard", "floor")):
+                r = floor_idle(args) if name == "floor" else idle(Path(tmp) / f"d{n}", args)
+                floors[name].append(r["cpu_pct"])
+                print(f"  round {n + 1} {name}: {r['cpu_pct']:.2f}% of one core (load {os.getloadavg()[0]:.2f})")
+    low, dash = statistics.median(floors["floor"]), statistics.median(floors["dashboard"])
+    print(f"median floor {low:.2f}%, dashboard {dash:.2f}%: the dashboard's own {dash - low:.2f}% "
+          f"(dashboard/floor {dash / low:.2f}); budget {IDLE_BUDGET_PCT:.0f}%")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
 def against(args: argparse.Namespace) -> int:
     """Idle CPU of two trees' dashboards, alternated in one run (the order swapped every round),
     so that the machine's load and CPU accounting weigh on both alike."""
     import statistics
 
-    if args.floor:
-        print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); idle, {args.hosts} sim hosts x "
-              f"{args.gpus} GPUs, {args.seconds:g} s windows; floor = a bare Textual app repainting a clock at 1 Hz")
-        floors: dict[str, list[float]] = {"floor": [], "dashboard": []}
-        with tempfile.TemporaryDirectory() as tmp:
-            for n in range(args.rounds):
-                for name in (("floor", "dashboard") if n % 2 == 0 else ("dashboard", "floor")):
-                    r = floor_idle(args) if name == "floor" else idle(Path(tmp) / f"d{n}", args)
-                    floors[name].append(r["cpu_pct"])
-                    print(f"  round {n + 1} {name}: {r['cpu_pct']:.2f}% of one core (load {os.getloadavg()[0]:.2f})")
-        low, dash = statistics.median(floors["floor"]), statistics.median(floors["dashboard"])
-        print(f"median floor {low:.2f}%, dashboard {dash:.2f}%: the dashboard's own {dash - low:.2f}% "
-              f"(dashboard/floor {dash / low:.2f}); budget {IDLE_BUDGET_PCT:.0f}%")
-        print(f"load average at end: {os.getloadavg()[0]:.2f}")
-        return 0
     other = args.against.resolve()
     if not (other / "gputui" / "__init__.py").is_file():
         raise SystemExit(f"bench_dashboard_cpu: --against {other}: not a gputui checkout (no gputui/__init__.py)")
@@ -447,7 +452,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.feed:
         return feed(args.rate, args.profile)
-    if args.against is not None or args.floor:
+    if args.floor:
+        return floor_against(args)
+    if args.against is not None:
         return against(args)
     failed = False
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
