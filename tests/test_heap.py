@@ -43,8 +43,10 @@ def collections(mode: str) -> tuple[int, int]:
 def test_a_labs_rounds_are_freed_before_the_collector_is_due() -> None:
     default_runs, default_young = collections("default")
     runs, young = collections("settled")
-    assert default_young == 700 and default_runs >= 50  # CPython's default: dozens of runs a round
+    # CPython's default: dozens of runs in 5 rounds (47 to 60 seen, by build and allocation pattern)
+    assert default_young == 700 and default_runs >= 20, f"only {default_runs} collector runs by default"
     assert young == heap.YOUNG_OBJECTS and runs <= 2, f"{runs} collector runs in 5 rounds of 2,048 GPUs"
+    assert default_runs >= 10 * max(runs, 1)
 
 
 def test_the_setting_never_shrinks_the_young_generation_nor_turns_the_collector_on() -> None:
