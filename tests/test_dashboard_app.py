@@ -334,3 +334,33 @@ def test_a_report_handled_while_textual_takes_the_screen_apart_is_dropped() -> N
     app.on_cost_polled(CostPolled(None, "late"))
     app.poll_hosts()  # a timer that fires then starts no poll
     assert app.hosts_polls == polls and not [w for w in app.workers if w.name == "hosts-poll"]
+
+
+def test_an_empty_cloud_is_polled_at_ec2s_pace_and_a_launch_brings_the_fast_one_back(gputui_home: Path) -> None:
+    from gputui.dashboard.setup import EC2_PACE_S, Backend, DashboardOptions, resolve_profile
+
+    options = DashboardOptions(profile=resolve_profile(None), demo=True, sim_hosts=2, sim_gpus=2, host_interval_s=0.2)
+    assert options.cloud_pace(0) == EC2_PACE_S and options.cloud_pace(1) == options.cloud_interval == 2.0
+    assert DashboardOptions(profile=options.profile, demo=False).cloud_pace(0) == EC2_PACE_S
+    assert DashboardOptions(profile=options.profile, cloud_interval_s=0.5).cloud_pace(0) == 0.5  # set on purpose: kept
+    provider = sim_provider()
+    app = create_app(Backend(options, provider=provider))
+
+    def pace() -> float:
+        timer = app._cloud_timer
+        assert timer is not None
+        return float(timer._interval)
+
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: app.cloud_polls, what="the first cloud poll")
+        assert pace() == EC2_PACE_S  # nothing up: the next poll in 15 s
+        polls = app.cloud_polls
+        await pilot.press("u")  # the launch polls at once, and the slave keeps the demo's pace
+        await wait_for(pilot, lambda: app.cloud_polls > polls and rows(app) == 1, what="a poll showing the slave")
+        assert pace() == 2.0
+        await pilot.press("D", "t")
+        await wait_for(pilot, lambda: rows(app) == 0, what="the slave gone")
+        assert pace() == EC2_PACE_S
+        await pilot.press("q")
+
+    drive(app, scenario)

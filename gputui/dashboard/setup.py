@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 DEMO_BUDGET_USD = 2.0
 DEMO_SSH_CIDR = "198.51.100.7/32"  # a documentation network: the simulated cloud opens nothing
 DEMO_AMI = "ami-0123456789abcdef0"
+EC2_PACE_S = 15.0  # seconds between cloud polls on EC2 (and on any cloud with no slave up)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,16 @@ class DashboardOptions:
     def cloud_interval(self) -> float:
         if self.cloud_interval_s is not None:
             return self.cloud_interval_s
-        return 2.0 if self.demo else 15.0
+        return 2.0 if self.demo else EC2_PACE_S
+
+    def cloud_pace(self, slaves: int) -> float:
+        """Seconds to the next cloud poll after one that showed `slaves` slaves (any state). The
+        demo's simulated cloud is polled every 2 s while it has slaves (one boots in seconds there);
+        with none, at EC2's pace: a launch or a stop from here polls at once (SlavesChanged), so
+        only a slave started elsewhere waits for it. An interval set on purpose (tests) is kept."""
+        if self.cloud_interval_s is None and not slaves:
+            return max(self.cloud_interval, EC2_PACE_S)
+        return self.cloud_interval
 
 
 def resolve_profile(path: Path | None) -> Path:

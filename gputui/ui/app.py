@@ -200,7 +200,8 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
             self.cost_note = message.disabled or ""
         self.show_cost()
         if message.disabled is None:
-            self._cloud_timer = self.set_timer(self.backend.options.cloud_interval, self.poll_cloud, name="cloud-next")
+            slaves = len(self.cost_frame.slaves) if self.cost_frame is not None else 1  # unknown: the provider's pace
+            self._cloud_timer = self.set_timer(self.backend.options.cloud_pace(slaves), self.poll_cloud, name="cloud-next")
 
     @while_shown
     def on_cloud_note(self, message: CloudNote) -> None:
