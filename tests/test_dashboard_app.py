@@ -364,3 +364,81 @@ def test_an_empty_cloud_is_polled_at_ec2s_pace_and_a_launch_brings_the_fast_one_
         await pilot.press("q")
 
     drive(app, scenario)
+
+
+FAKE_RUN = """
+import signal, sys, time
+from pathlib import Path
+marker = Path(sys.argv[1])
+def stop(*_):
+    marker.write_text("SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+marker.with_suffix(".ready").write_text("ready")
+deadline = time.monotonic() + 120  # never outlives a failed test by long
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("keys", [("d",), ("D", "t")])
+def test_d_on_a_slave_a_live_run_trains_on_stops_the_run_first_then_the_slave_goes(gputui_home: Path, tmp_path: Path,
+                                                                                    keys: tuple[str, ...]) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from gputui.model.paths import runs_home
+    from gputui.runs import store as runs
+
+    provider = sim_provider()
+    at_terminate: list[int | None] = []
+    terminate = provider.terminate
+
+    def watched(ids: Any) -> None:
+        at_terminate.append(run.poll())  # the run's exit code when the slave is terminated (None: still going)
+        terminate(ids)
+
+    provider.terminate = watched  # type: ignore[method-assign]
+    app = create_app(make_backend(provider=provider))
+    marker = tmp_path / "run.stop"
+    run = subprocess.Popen([sys.executable, "-c", FAKE_RUN, str(marker)])
+    try:
+        run_dir = runs.create(runs_home() / "20261128-120000-abcd")
+        runs.write_pid(run_dir, run.pid)
+
+        async def scenario(pilot: Any) -> None:
+            await wait_for(pilot, lambda: app.cloud_polls and marker.with_suffix(".ready").exists(), what="polls, the run")
+            await pilot.press("u")
+            await wait_for(pilot, lambda: rows(app) == 1, what="one slave")
+            # the run trains on the dashboard's cluster (a cluster run records it so, gputui.cluster.bringup)
+            with Ledger(gputui_home / "ledger.sqlite3") as ledger:
+                ledger.start_run(run_dir.run_id, "demo", time.time())
+            await pilot.press(*keys)  # d: the selected slave; D, t: every slave
+            await wait_for(pilot, lambda: rows(app) == 0, what="the slave gone")
+            assert marker.read_text() == "SIGTERM"
+            assert at_terminate == [0], at_terminate  # the run had ended when the slave went
+            assert f"trains run {run_dir.run_id}: the run stops first" in log_text(app), log_text(app)
+            await pilot.press("q")
+
+        drive(app, scenario)
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+
+
+def test_the_runs_going_on_a_slave_are_those_of_its_cluster_not_ended_and_never_a_local_run(gputui_home: Path) -> None:
+    from gputui.model.cloud import InstanceInfo
+
+    with Ledger(gputui_home / "ledger.sqlite3") as ledger:
+        for instance_id, cluster in (("i-1", "lab"), ("i-2", "local"), ("i-3", "other")):
+            ledger.record_launch(InstanceInfo(instance_id, "g4dn.xlarge", "us-east-1a", "running", "spot", 0.0), "sim",
+                                 "us-east-1", cluster, "me", 0.5)
+        ledger.start_run("r-going", "lab", 1.0)
+        ledger.start_run("r-ended", "lab", 2.0)
+        ledger.end_run("r-ended", 3.0, "done")
+        ledger.start_run("r-local", "local", 4.0)
+        ledger.start_run("r-later", "lab", 5.0)
+        assert ledger.runs_going_on("i-1") == ["r-going", "r-later"]
+        assert ledger.runs_going_on("i-2") == []  # a cloud cluster named "local" is not a local run's
+        assert ledger.runs_going_on("i-3") == [] and ledger.runs_going_on("i-unknown") == []

@@ -98,6 +98,9 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+LOCAL_CLUSTER = "local"  # the cluster a run on this machine alone is recorded under (gputui.jobs.run)
+
+
 class Ledger:
     """The cost ledger at `path` (default: ledger.sqlite3 in the user data directory)."""
 
@@ -263,6 +266,16 @@ class Ledger:
         return out
 
     # runs and energy ---------------------------------------------------------------
+    def runs_going_on(self, instance_id: str) -> list[str]:
+        """The runs not ended on the cluster of this instance: a cluster run's slaves are launched
+        into its cluster, so these are the runs the instance may be training (none for a run on
+        this machine alone: LOCAL_CLUSTER is not a cloud cluster's)."""
+        record = self.get(instance_id)
+        if record is None or record.cluster == LOCAL_CLUSTER:
+            return []
+        return [str(run_id) for (run_id,) in self._read("SELECT id FROM runs WHERE cluster = ? AND ended IS NULL "
+                                                         "ORDER BY started", (record.cluster,))]
+
     def start_run(self, run_id: str, cluster: str, started: float) -> None:
         """A run starts, or resumes: a new segment. The run keeps its first start; a segment a
         killed process left open ends where this one starts (its real end is not known)."""

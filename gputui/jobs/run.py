@@ -296,12 +296,12 @@ def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> N
     """Note a local run's start (ended=None) or end in the cost ledger; never fails the run."""
     import sqlite3
 
-    from gputui.cloud.ledger import Ledger
+    from gputui.cloud.ledger import LOCAL_CLUSTER, Ledger
 
     try:
         with Ledger() as ledger:
             if ended is None:
-                ledger.start_run(run_id, "local", time.time())
+                ledger.start_run(run_id, LOCAL_CLUSTER, time.time())
             else:
                 ledger.end_run(run_id, time.time(), ended)
     except (GputuiError, sqlite3.Error, OSError) as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from textual.message import Message
 
@@ -95,6 +95,15 @@ class CloudEventPosted(Message):
     def __init__(self, event: CloudEvent) -> None:
         super().__init__()
         self.event = event
+
+
+class StopRunsFirst(Message):
+    """`d` picked a slave that live runs are training on: stop them (each as s would) before it goes."""
+
+    def __init__(self, runs: tuple[Any, ...], text: str) -> None:
+        super().__init__()
+        self.runs = runs  # gputui.runs.store.RunDir
+        self.text = text
 
 
 class SlavesChanged(Message):

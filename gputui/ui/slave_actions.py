@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
+
+from textual.worker import get_current_worker
 
 from gputui.model import units
 from gputui.dashboard.setup import list_profiles, resolve_profile
 from gputui.model.errors import GputuiError
 from gputui.ui.base import DashboardBase
-from gputui.ui.messages import CloudNote, SlavesChanged
+from gputui.ui.messages import CloudNote, SlavesChanged, StopRunsFirst
 from gputui.ui.screens import ChoiceScreen, HelpScreen, ProfileScreen
 from gputui.ui.status import StatusBar
 from gputui.model.units import plural
 
+# `d` on a slave a live run trains on stops the run first and waits this long for it to end (its
+# stop grace, the checkpoint's pull, its slaves released) before the slave goes anyway
+STOP_FIRST_S = 600.0
 
 
 class SlaveActions(DashboardBase):
@@ -81,13 +88,42 @@ class SlaveActions(DashboardBase):
         """Worker: terminate `ids` (None: all of the cluster's slaves, once launches in flight are done)."""
         try:
             slaves = self.get_slaves()
-            if slaves is not None:
+            every = [record.instance_id for record in slaves.guard.running()] if slaves is not None and ids is None else []
+            if slaves is not None and self._stop_runs_first(slaves, every if ids is None else ids,
+                                                            what or ("every slave" if ids is None else ", ".join(ids))):
                 count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
                 done = f"d: terminated {what}" if what and count else f"{plural(count, 'slave')} terminated"
                 self.post_message(CloudNote(done, notify=bool(what)))
         except GputuiError as exc:
             self.post_message(CloudNote(f"terminate failed: {exc}", "error", notify=True))
         self.post_message(SlavesChanged())
+
+    def _stop_runs_first(self, slaves: Any, ids: list[str], what: str) -> bool:
+        """Worker (d, D): the live runs training on these slaves (runs going on their cluster, by the
+        ledger) stop first, each the way s stops it: it checkpoints, its nodes stop, its last
+        checkpoint comes back and it releases its slaves. Waits for them to end (at most
+        STOP_FIRST_S); False when the dashboard closed meanwhile (the slaves are left as they are)."""
+        from gputui.model.paths import runs_home
+        from gputui.runs import store as runs
+
+        going = {run_id for instance_id in ids for run_id in slaves.ctx.ledger.runs_going_on(instance_id)}
+        users = [run for run in runs.live_runs(runs_home()) if run.run_id in going] if going else []
+        if not users:
+            return True
+        names = ", ".join(run.run_id for run in users)
+        self.post_message(StopRunsFirst(tuple(users), f"d: {what} trains run {names}: the run stops first (it "
+                                                      "checkpoints and releases its slaves), then the slave goes"))
+        deadline = time.monotonic() + STOP_FIRST_S
+        worker = get_current_worker()
+        while any(runs.live_process(run) is not None for run in users):
+            if worker.is_cancelled:
+                return False
+            if time.monotonic() > deadline:
+                self.post_message(CloudNote(f"d: run {names} had not ended {STOP_FIRST_S:.0f} s after its stop: "
+                                            f"terminating {what} anyway", "warning", notify=True))
+                break
+            time.sleep(0.2)
+        return True
 
     def live_slaves_text(self) -> str:
         live = self.cost_frame.live if self.cost_frame is not None else ()

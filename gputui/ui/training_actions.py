@@ -11,6 +11,8 @@ session's (gputui.dashboard.session); the handlers here ask it, then draw and st
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -27,7 +29,7 @@ from gputui.model.text import clean_tree
 from gputui.model.paths import runs_home
 from gputui.runs.store import EVENTS, read_events
 from gputui.ui.base import DashboardBase, while_shown
-from gputui.ui.messages import TrainingExited, TrainingLine, TrainingUpdate
+from gputui.ui.messages import StopRunsFirst, TrainingExited, TrainingLine, TrainingUpdate
 
 
 class RunGone(Message):
@@ -185,6 +187,20 @@ class TrainingActions(DashboardBase):
             return
         self.say("stopping the run: it checkpoints and exits (r resumes it)")
         self.show_training()
+
+    @while_shown
+    def on_stop_runs_first(self, message: StopRunsFirst) -> None:
+        self.say(message.text, "warning", notify=True)
+        for run in message.runs:
+            if self.session.busy and self.training.run_dir and Path(self.training.run_dir) == run.path:
+                self.stop_run()  # the run on screen: stopped as s stops it (one SIGTERM, shown as stopping)
+                continue
+            known = runs.live_process(run)
+            if known is not None:
+                try:
+                    os.kill(known.pid, signal.SIGTERM)  # the run's own stop: it checkpoints and exits
+                except OSError as exc:
+                    self.say(f"cannot stop run {run.run_id} (pid {known.pid}): {exc.strerror or exc}", "error")
 
     # -- following a run -----------------------------------------------------------------------
     def attach(self, run: runs.RunDir) -> None:
