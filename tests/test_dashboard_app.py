@@ -442,3 +442,38 @@ def test_the_runs_going_on_a_slave_are_those_of_its_cluster_not_ended_and_never_
         assert ledger.runs_going_on("i-1") == ["r-going", "r-later"]
         assert ledger.runs_going_on("i-2") == []  # a cloud cluster named "local" is not a local run's
         assert ledger.runs_going_on("i-3") == [] and ledger.runs_going_on("i-unknown") == []
+
+
+def test_a_launch_that_ends_while_a_cloud_poll_runs_is_polled_again_at_once(gputui_home: Path) -> None:
+    import threading
+
+    from gputui.dashboard.setup import EC2_PACE_S, Backend, DashboardOptions, resolve_profile
+    from gputui.ui.messages import SlavesChanged
+
+    options = DashboardOptions(profile=resolve_profile(None), demo=True, sim_hosts=2, sim_gpus=2, host_interval_s=0.2)
+    provider = sim_provider()
+    listing, release = threading.Event(), threading.Event()
+    list_tagged = provider.list_tagged
+
+    def held(tags: Any) -> Any:  # a poll that is still asking the cloud
+        listing.set()
+        release.wait(60)
+        return list_tagged(tags)
+
+    app = create_app(Backend(options, provider=provider))
+
+    async def scenario(pilot: Any) -> None:
+        await wait_for(pilot, lambda: app.cloud_polls, what="the first cloud poll")
+        provider.list_tagged = held  # type: ignore[method-assign]
+        app.poll_cloud()
+        await wait_for(pilot, listing.is_set, what="a cloud poll in flight")
+        polls = app.cloud_polls
+        app.post_message(SlavesChanged())  # a launch ended meanwhile: this poll may not show its slave
+        await pilot.pause()
+        provider.list_tagged = list_tagged  # type: ignore[method-assign]
+        release.set()
+        # the poll in flight ends, and the next one follows at once, not at the idle pace
+        await wait_for(pilot, lambda: app.cloud_polls >= polls + 2, EC2_PACE_S * 2 / 3, "a poll right after the held one")
+        await pilot.press("q")
+
+    drive(app, scenario)

@@ -186,6 +186,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
     @while_shown
     def on_cost_polled(self, message: CostPolled) -> None:
         self.cloud_polls += 1
+        self._cloud_polling = False
         self.panel(StatusBar).done_waiting("cloud")
         self.cloud_disabled = message.disabled
         if message.frame is not None:
@@ -201,7 +202,10 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         self.show_cost()
         if message.disabled is None:
             slaves = len(self.cost_frame.slaves) if self.cost_frame is not None else 1  # unknown: the provider's pace
-            self._cloud_timer = self.set_timer(self.backend.options.cloud_pace(slaves), self.poll_cloud, name="cloud-next")
+            pace = self.backend.options.cloud_pace(slaves)
+            if self._cloud_again:  # a launch or stop ended while this poll ran: it may not show it
+                self._cloud_again, pace = False, 0.05
+            self._cloud_timer = self.set_timer(pace, self.poll_cloud, name="cloud-next")
 
     @while_shown
     def on_cloud_note(self, message: CloudNote) -> None:
@@ -216,11 +220,15 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
 
     @while_shown
     def on_slaves_changed(self, _message: SlavesChanged) -> None:
-        """Poll now rather than at the next tick (unless a poll runs: its end schedules the next)."""
-        if self.cloud_disabled is None and not any(w.name == "cloud-poll" and w.is_running for w in self.workers):
-            if self._cloud_timer is not None:
-                self._cloud_timer.stop()
-            self.poll_cloud()
+        """Poll now rather than at the next tick (unless a poll runs: the next one follows it at once)."""
+        if self.cloud_disabled is not None:
+            return
+        if self._cloud_polling:
+            self._cloud_again = True
+            return
+        if self._cloud_timer is not None:
+            self._cloud_timer.stop()
+        self.poll_cloud()
 
     @while_shown
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -231,6 +239,7 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
             if event.worker.name == "hosts-poll":
                 self.set_timer(self.backend.options.host_interval_s, self.poll_hosts)
             elif event.worker.name == "cloud-poll":
+                self._cloud_polling = False
                 self._cloud_timer = self.set_timer(self.backend.options.cloud_interval, self.poll_cloud)
 
 

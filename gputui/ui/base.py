@@ -89,6 +89,8 @@ class DashboardBase(App[None]):
         self.host_states: dict[str, HostState] = {}
         self.hosts_polls = self.cloud_polls = 0
         self._cloud_timer: Timer | None = None
+        self._cloud_polling = False  # a cloud poll was started and its answer is not handled yet
+        self._cloud_again = False  # the slaves changed while a cloud poll ran: the next one comes at once
         self.processes_open = False  # the process table is shown: the feed asks for per-process SM %
         # The profile's [alerts], built and used only by the hosts poll worker; None without the table.
         self.alerts: DashboardAlerts | None = None
@@ -150,6 +152,7 @@ class DashboardBase(App[None]):
         self.run_worker(work, name=f"{what}-poll", group=what, thread=True, exclusive=True, exit_on_error=False)
 
     def poll_cloud(self) -> None:
+        self._cloud_polling = True
         self.start_poll("cloud", self._poll_cloud)
 
     def _poll_cloud(self) -> None:
