@@ -418,7 +418,9 @@ def test_d_on_a_slave_a_live_run_trains_on_stops_the_run_first_then_the_slave_go
             await wait_for(pilot, lambda: rows(app) == 0, what="the slave gone")
             assert marker.read_text() == "SIGTERM"
             assert at_terminate == [0], at_terminate  # the run had ended when the slave went
-            assert f"trains run {run_dir.run_id}: the run stops first" in log_text(app), log_text(app)
+            said = f"{keys[0]}: " + ("every slave" if keys[0] == "D" else "")
+            assert said in log_text(app) and f"trains run {run_dir.run_id}: the run stops first" in log_text(app), log_text(app)
+            assert ("then the slaves go" if keys[0] == "D" else "then the slave goes") in log_text(app)
             await pilot.press("q")
 
         drive(app, scenario)

@@ -20,6 +20,7 @@ from gputui.model.units import plural
 # `d` on a slave a live run trains on stops the run first and waits this long for it to end (its
 # stop grace, the checkpoint's pull, its slaves released) before the slave goes anyway
 STOP_FIRST_S = 600.0
+EVERY_SLAVE = "every slave"  # what D and quit's "terminate them" act on
 
 
 class SlaveActions(DashboardBase):
@@ -90,7 +91,7 @@ class SlaveActions(DashboardBase):
             slaves = self.get_slaves()
             every = [record.instance_id for record in slaves.guard.running()] if slaves is not None and ids is None else []
             if slaves is not None and self._stop_runs_first(slaves, every if ids is None else ids,
-                                                            what or ("every slave" if ids is None else ", ".join(ids))):
+                                                            what or (EVERY_SLAVE if ids is None else ", ".join(ids))):
                 count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
                 done = f"d: terminated {what}" if what and count else f"{plural(count, 'slave')} terminated"
                 self.post_message(CloudNote(done, notify=bool(what)))
@@ -111,15 +112,17 @@ class SlaveActions(DashboardBase):
         if not users:
             return True
         names = ", ".join(run.run_id for run in users)
-        self.post_message(StopRunsFirst(tuple(users), f"d: {what} trains run {names}: the run stops first (it "
-                                                      "checkpoints and releases its slaves), then the slave goes"))
+        key, slave = ("D", "slaves") if what == EVERY_SLAVE else ("d", "slave")
+        self.post_message(StopRunsFirst(tuple(users), f"{key}: {what} trains run {names}: the run stops first (it "
+                                                      f"checkpoints and releases its slaves), then the {slave} go"
+                                                      f"{'' if key == 'D' else 'es'}"))
         deadline = time.monotonic() + STOP_FIRST_S
         worker = get_current_worker()
         while any(runs.live_process(run) is not None for run in users):
             if worker.is_cancelled:
                 return False
             if time.monotonic() > deadline:
-                self.post_message(CloudNote(f"d: run {names} had not ended {STOP_FIRST_S:.0f} s after its stop: "
+                self.post_message(CloudNote(f"{key}: run {names} had not ended {STOP_FIRST_S:.0f} s after its stop: "
                                             f"terminating {what} anyway", "warning", notify=True))
                 break
             time.sleep(0.2)
