@@ -421,9 +421,9 @@ class _View:
             self._show_hosts(hosts, now)
 
     def _write_json(self, doc: Any) -> None:
-        # A round's document is a tree of plain values built here (no cycle to look for): a lab's
-        # line is 1.1 MB a second, and the check is a fifth of its encoding.
-        text = json.dumps(doc, indent=2) if self.once else json.dumps(doc, separators=(",", ":"), check_circular=False)
+        from gputui.model.jsonline import compact  # a lab's line is 1.1 MB a second
+
+        text = json.dumps(doc, indent=2) if self.once else compact(doc)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
 

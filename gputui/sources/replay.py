@@ -6,11 +6,11 @@ One line per round, the same document `gputui monitor --json` prints:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import IO, Sequence
 
 from gputui.model.errors import UserError, read_user_file
+from gputui.model.jsonline import compact
 from gputui.model import outside
 from gputui.model.telemetry import HostSnapshot, round_from_dict, round_to_dict
 from gputui.model.text import clean_tree
@@ -30,7 +30,7 @@ class Recorder:
     def write(self, hosts: Sequence[HostSnapshot], time: float) -> None:
         if self._file is None:
             raise ValueError("recorder is closed")
-        self._file.write(json.dumps(round_to_dict(hosts, time), separators=(",", ":")) + "\n")
+        self._file.write(compact(round_to_dict(hosts, time)) + "\n")
         self._file.flush()
 
     def close(self) -> None:
