@@ -37,6 +37,8 @@ def test_what_orjson_refuses_json_writes_and_nan_stays_json() -> None:
     assert jsonline.compact({"big": 2**70, "t": (1, 2)}) == '{"big":1180591620717411303424,"t":[1,2]}'
     doc = {"host": "gpu-é", "users": ["ådam", None]}
     assert jsonline.compact(doc) == json_line(doc) == '{"host":"gpu-\\u00e9","users":["\\u00e5dam",null]}'  # ASCII
+    lone = {"name": "gpu\udcff"}  # a lone surrogate (a name decoded with surrogateescape): orjson refuses it
+    assert jsonline.compact(lone) == json_line(lone) == '{"name":"gpu\\udcff"}'
     line = jsonline.compact({"util": math.nan, "ok": [1.5, None, True]})
     assert json.loads(line)["ok"] == [1.5, None, True]
     if jsonline._dumps:
