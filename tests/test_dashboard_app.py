@@ -367,7 +367,7 @@ def test_an_empty_cloud_is_polled_at_ec2s_pace_and_a_launch_brings_the_fast_one_
 
 
 FAKE_RUN = """
-import signal, sys, time
+import signal, sys
 from pathlib import Path
 marker = Path(sys.argv[1])
 def stop(*_):
@@ -375,9 +375,7 @@ def stop(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 marker.with_suffix(".ready").write_text("ready")
-deadline = time.monotonic() + 120  # never outlives a failed test by long
-while time.monotonic() < deadline:
-    time.sleep(0.05)
+sys.stdin.read()  # until SIGTERM, or the test's end closes the pipe: it never outlives the test
 """
 
 
@@ -402,7 +400,7 @@ def test_d_on_a_slave_a_live_run_trains_on_stops_the_run_first_then_the_slave_go
     provider.terminate = watched  # type: ignore[method-assign]
     app = create_app(make_backend(provider=provider))
     marker = tmp_path / "run.stop"
-    run = subprocess.Popen([sys.executable, "-c", FAKE_RUN, str(marker)])
+    run = subprocess.Popen([sys.executable, "-c", FAKE_RUN, str(marker)], stdin=subprocess.PIPE)
     try:
         run_dir = runs.create(runs_home() / "20261128-120000-abcd")
         runs.write_pid(run_dir, run.pid)
@@ -427,6 +425,8 @@ def test_d_on_a_slave_a_live_run_trains_on_stops_the_run_first_then_the_slave_go
     finally:
         run.kill()
         run.wait(timeout=30)
+        assert run.stdin is not None
+        run.stdin.close()
 
 
 def test_the_runs_going_on_a_slave_are_those_of_its_cluster_not_ended_and_never_a_local_run(gputui_home: Path) -> None:
@@ -471,7 +471,7 @@ def test_a_launch_that_ends_while_a_cloud_poll_runs_is_polled_again_at_once(gput
         await wait_for(pilot, listing.is_set, what="a cloud poll in flight")
         polls = app.cloud_polls
         app.post_message(SlavesChanged())  # a launch ended meanwhile: this poll may not show its slave
-        await pilot.pause()
+        await wait_for(pilot, lambda: app._cloud_again, what="the change noted while the poll is in flight")
         provider.list_tagged = list_tagged  # type: ignore[method-assign]
         release.set()
         # the poll in flight ends, and the next one follows at once, not at the idle pace
