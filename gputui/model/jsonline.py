@@ -28,8 +28,8 @@ def compact(doc: Any) -> str:
     if _dumps:
         try:
             data = _dumps(doc)
-        except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits, a type it does not know
-            data = b"\xff"
-        if data.isascii():
+        except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits, a lone surrogate
+            data = None
+        if data is not None and data.isascii():
             return str(data.decode("ascii"))
     return json.dumps(doc, separators=(",", ":"), check_circular=False)

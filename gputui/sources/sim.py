@@ -13,7 +13,7 @@ Python builds only the samples: a round of 2,048 GPUs costs a few milliseconds.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState, adopt
 

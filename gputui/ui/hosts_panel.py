@@ -165,9 +165,8 @@ class HostsView(LinesView, Themed, can_focus=True):
         self._rebuild()
 
     def notify_style_update(self) -> None:
-        self._cache, self._old, self._shown = {}, {}, None
         super().notify_style_update()
-        self._rebuild()
+        self.restyled()
 
     @property
     def text_lines(self) -> list[str]:

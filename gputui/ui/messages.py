@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from textual.message import Message
 
@@ -13,6 +13,7 @@ from gputui.model.cloud import CloudEvent
 
 if TYPE_CHECKING:  # gputui.monitor.alerts loads in the poll worker, with a profile that has [alerts]
     from gputui.monitor.alerts import Alert
+    from gputui.runs.store import RunDir
 
 
 class HostsPolled(Message):
@@ -100,9 +101,9 @@ class CloudEventPosted(Message):
 class StopRunsFirst(Message):
     """`d` picked a slave that live runs are training on: stop them (each as s would) before it goes."""
 
-    def __init__(self, runs: tuple[Any, ...], text: str) -> None:
+    def __init__(self, runs: tuple[RunDir, ...], text: str) -> None:
         super().__init__()
-        self.runs = runs  # gputui.runs.store.RunDir
+        self.runs = runs
         self.text = text
 
 

@@ -89,12 +89,12 @@ class SlaveActions(DashboardBase):
         """Worker: terminate `ids` (None: all of the cluster's slaves, once launches in flight are done)."""
         try:
             slaves = self.get_slaves()
-            every = [record.instance_id for record in slaves.guard.running()] if slaves is not None and ids is None else []
-            if slaves is not None and self._stop_runs_first(slaves, every if ids is None else ids,
-                                                            what or (EVERY_SLAVE if ids is None else ", ".join(ids))):
-                count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
-                done = f"d: terminated {what}" if what and count else f"{plural(count, 'slave')} terminated"
-                self.post_message(CloudNote(done, notify=bool(what)))
+            if slaves is not None:
+                going = ids if ids is not None else [record.instance_id for record in slaves.guard.running()]
+                if self._stop_runs_first(slaves, going, what or (EVERY_SLAVE if ids is None else ", ".join(ids))):
+                    count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
+                    done = f"d: terminated {what}" if what and count else f"{plural(count, 'slave')} terminated"
+                    self.post_message(CloudNote(done, notify=bool(what)))
         except GputuiError as exc:
             self.post_message(CloudNote(f"terminate failed: {exc}", "error", notify=True))
         self.post_message(SlavesChanged())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import HorizontalGroup
