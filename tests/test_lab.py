@@ -10,7 +10,7 @@ import pytest
 from gputui.config.free import FREE_SECTION, FreeRule
 from gputui.config.profile import parse_profile
 from gputui.model.errors import UserError
-from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState
+from gputui.model.telemetry import FleetColumns, GpuColumns, GpuProcess, GpuSample, HostSnapshot, HostState, utilisations
 from gputui.monitor.lab import (Lab, LabFilter, UNKNOWN_USER, filter_lines, free_gpus, free_rule, held_now, host_line,
                                 is_free, sort_lines)
 
@@ -193,7 +193,10 @@ def test_the_simulation_builds_the_same_samples_as_the_dataclasses_do() -> None:
     assert any(g.processes for g in samples) and any(not g.processes for g in samples)
     plain = (int, float, str, bool, tuple, type(None))  # no numpy scalar leaks out of the simulation's arrays
     for h in hosts:
-        assert all(type(getattr(h, f.name)) in plain + (HostState,) for f in fields(HostSnapshot)), h
+        assert all(type(getattr(h, f.name)) in plain + (HostState, GpuColumns) for f in fields(HostSnapshot)), h
+        assert list(vars(h)) == [f.name for f in fields(HostSnapshot)]  # adopted: every field, in order
+        assert HostSnapshot(**{f.name: getattr(h, f.name) for f in fields(HostSnapshot)}) == h
+        assert h.gpus == tuple(h.gpus) and len(h.gpus) == 4 and h.gpus[1] == tuple(h.gpus)[1]
     for g in samples:  # every field set, to what the generated __init__ gives
         assert GpuSample(**{f.name: getattr(g, f.name) for f in fields(GpuSample)}) == g
         assert all(type(v) in plain for v in vars(g).values()), g
@@ -201,3 +204,88 @@ def test_the_simulation_builds_the_same_samples_as_the_dataclasses_do() -> None:
         assert list(vars(g)) == [f.name for f in fields(GpuSample)]  # in their order: to_dict's keys
         for p in g.processes:
             assert list(vars(p)) == [f.name for f in fields(GpuProcess)] and GpuProcess(**vars(p)) == p
+
+
+# -- a simulated lab's round read as arrays (FleetColumns): the same figures, no sample built ---------
+
+
+def _as_tuples(hosts: list[HostSnapshot]) -> list[HostSnapshot]:
+    from dataclasses import replace
+
+    return [replace(h, gpus=tuple(h.gpus)) for h in hosts]
+
+
+def _same_frames(a: object, b: object) -> None:
+    assert a.totals == b.totals and a.users == b.users  # type: ignore[attr-defined]
+    for la, lb in zip(a.lines, b.lines, strict=True):  # type: ignore[attr-defined]
+        assert (la.name, la.frees, la.free, la.util_pct, la.mem_used_mib, la.mem_total_mib, la.top_user, la.top_user_mib,
+                la.held) == (lb.name, lb.frees, lb.free, lb.util_pct, lb.mem_used_mib, lb.mem_total_mib, lb.top_user,
+                             lb.top_user_mib, lb.held)
+        assert la.cells == lb.cells and la.samples == lb.samples
+
+
+@pytest.mark.parametrize("rule", [RULE, FreeRule(allow_processes=True), FreeRule(50.0, 70000.0)])
+def test_a_simulated_rounds_arrays_give_the_lab_the_figures_its_samples_give(rule: FreeRule) -> None:
+    from gputui.sources.sim import SimSource
+
+    source = SimSource(hosts=24, gpus=8, seed=5, clock=lambda: 1000.0)
+    source.set_active(1, True)
+    source.set_active(2, False)
+    by_columns, by_samples = Lab(rule), Lab(rule)
+    for n in range(50):  # runs start and end: GPUs with and without processes, one and two accounts a host
+        if n == 10:
+            pid = next(p.pid for g in source.poll()[1].gpus for p in g.processes)
+            assert source.kill("sim-1", pid, "TERM")[0]
+        hosts = source.poll()
+        assert all(isinstance(h.gpus, GpuColumns) for h in hosts)
+        _same_frames(by_columns.update(hosts, 1000.0 + n), by_samples.update(_as_tuples(hosts), 1000.0 + n))
+        assert all(utilisations(h) == {g.index: g.util_pct for g in h.gpus} for h in hosts)
+
+
+def test_the_lab_and_its_plain_view_build_no_sample_of_a_simulated_round() -> None:
+    from gputui.sources.sim import SimSource
+    from gputui.views.lab import LabOptions, lab_plain
+
+    hosts = SimSource(hosts=64, gpus=8, seed=1).poll()
+    fleet = hosts[0].gpus.fleet  # type: ignore[attr-defined]
+    text = lab_plain(Lab(RULE).update(hosts), LabOptions())
+    assert len(text.splitlines()) == 66 and {utilisations(h)[0] is not None for h in hosts} == {True}
+    assert fleet._samples is None  # what a lab of 2,048 GPUs a second would otherwise build
+    assert hosts[3].gpus[2].index == 2 and fleet._samples is not None  # and reading one builds them
+
+
+def _fleet(rows: list[list[GpuSample]]) -> list[HostSnapshot]:
+    """Hosts whose GPUs are FleetColumns arrays made from these samples (at most one process a GPU)."""
+    import numpy as np
+
+    users: list[str | None] = []
+    for g in (g for row in rows for g in row):
+        for p in g.processes:
+            if p.user not in users:
+                users.append(p.user)
+
+    def array(get: object) -> object:
+        return np.array([[np.nan if get(g) is None else get(g) for g in row] for row in rows], dtype=float)  # type: ignore[operator]
+
+    fleet = FleetColumns(
+        (len(rows), len(rows[0])), lambda: [g for row in rows for g in row],
+        util_pct=array(lambda g: g.util_pct), mem_used_mib=array(lambda g: g.mem_used_mib),
+        mem_total_mib=array(lambda g: g.mem_total_mib),
+        process_user=np.array([[users.index(g.processes[0].user) if g.processes else -1 for g in row] for row in rows]),
+        process_mem_mib=array(lambda g: g.processes[0].gpu_memory_mib if g.processes else 0.0), users=tuple(users))
+    return [HostSnapshot(f"h{i}", HostState.OK, 1000.0, kind="sim", gpus=fleet.host(i)) for i in range(len(rows))]
+
+
+def test_arrays_with_unknown_figures_and_accounts_give_the_lab_what_the_samples_do() -> None:
+    rows = [[gpu(0, None, None), gpu(1, 5.0, None), gpu(2, None, 200.0), gpu(3, 3.0, 100.0, total=0.0)],
+            [gpu(0, 95.0, 60000.0, procs=((None, 30000.0),)), gpu(1, 90.0, 50000.0, procs=(("alice", None),)),
+             gpu(2, 2.0, 10.0, None, procs=(("bob", 10.0),)), gpu(3, 99.0, 70000.0, procs=(("bob", 40000.0),))],
+            [gpu(0, 96.5, 61000.0, procs=(("bob", 20000.0),)), gpu(1, 97.5, 1.0, procs=(("alice", 20000.0),)),
+             gpu(2), gpu(3, 10.0, 1024.0)]]
+    hosts = _fleet(rows)
+    for rule in (RULE, FreeRule(allow_processes=True), FreeRule(96.0, 60000.0)):
+        _same_frames(Lab(rule).update(hosts, 1000.0), Lab(rule).update(_as_tuples(hosts), 1000.0))
+    line = host_line(hosts[2], RULE)
+    assert (line.top_user, line.held) == ("bob", (("bob", 1, 20000.0, 1), ("alice", 1, 20000.0, 1)))  # a tie: the greater name
+    assert [c.util_pct for c in host_line(hosts[0], RULE).cells] == [None, 5.0, None, 3.0]
+    assert [c.mem_pct for c in host_line(hosts[0], RULE).cells] == [None, None, 200.0 / 819.2, None]

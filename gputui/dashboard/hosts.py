@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from gputui.config.free import FreeRule
-from gputui.model.telemetry import HostSnapshot
+from gputui.model.telemetry import HostSnapshot, utilisations
 from gputui.monitor.lab import Lab, LabFrame
 
 SPARK_LEN = 60  # samples of utilisation kept per GPU for the sparklines
@@ -93,7 +93,7 @@ class HostFeed:
                 tell(wanted)
             self._process_sm = wanted
         hosts = poll_round(self.source)
-        self._rounds.append({host.name: {gpu.index: gpu.util_pct for gpu in host.gpus} for host in hosts})
+        self._rounds.append({host.name: utilisations(host) for host in hosts})
         if self.meter is not None:
             for host in hosts:
                 self.meter.add_snapshot(host)

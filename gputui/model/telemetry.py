@@ -9,9 +9,10 @@ Pure data and maths, no I/O. Any metric a driver or host does not provide is `No
 from __future__ import annotations
 
 import enum
+import threading
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, overload
 
 SCHEMA_VERSION = 1  # of the JSON documents/lines written by `gputui monitor --json` and `--record`
 
@@ -179,6 +180,109 @@ class GpuSample:
         return cls(**values)
 
 
+class FleetColumns:
+    """One round of a uniform fleet (`hosts` x `gpus`) kept as arrays, GPU after GPU: what a
+    simulated lab of 2,048 GPUs hands over each second. Its hosts' `gpus` are GpuColumns views;
+    a GpuSample is built only when one is asked for (then the whole round's, once, by `build`).
+    What the lab's figures need is here as (hosts, gpus) numpy arrays, NaN where not known:
+    `util_pct`, `mem_used_mib`, `mem_total_mib`; `process_user` (an index into `users`, -1: no
+    compute process; at most one a GPU) and `process_mem_mib`; GPU g of a host has index g. These arrays and the samples
+    `build` makes say the same thing (tests/test_lab.py compares them)."""
+
+    def __init__(self, shape: tuple[int, int], build: Callable[[], list[GpuSample]], *, util_pct: Any,
+                 mem_used_mib: Any, mem_total_mib: Any, process_user: Any, process_mem_mib: Any,
+                 users: tuple[str | None, ...]) -> None:
+        self.hosts, self.gpus = shape
+        self._build = build
+        self._samples: list[GpuSample] | None = None
+        self._lock = threading.Lock()  # the poll's worker and the UI thread may both read a round
+        for array in (util_pct, mem_used_mib, mem_total_mib, process_user, process_mem_mib):
+            array.flags.writeable = False  # a snapshot: nobody changes it after the poll
+        self.util_pct, self.mem_used_mib, self.mem_total_mib = util_pct, mem_used_mib, mem_total_mib
+        self.process_user, self.process_mem_mib, self.users = process_user, process_mem_mib, users
+        self._memo: dict[Any, Any] = {}
+
+    def samples(self) -> list[GpuSample]:
+        """Every GPU's sample, GPU after GPU (built the first time)."""
+        if self._samples is None:
+            with self._lock:
+                if self._samples is None:
+                    self._samples = self._build()
+        return self._samples
+
+    def memo(self, key: Any, make: Callable[[], _T]) -> _T:
+        """A figure derived from this round, made once whoever asks (the lab's, for its rule)."""
+        try:
+            return self._memo[key]  # type: ignore[no-any-return]
+        except KeyError:  # two threads may both make it: the same value, the last one kept
+            value = self._memo[key] = make()
+            return value
+
+    def host(self, row: int) -> "GpuColumns":
+        return GpuColumns(self, row)
+
+    def listed(self, name: str) -> list[list[Any]]:
+        """One of the arrays as a list per host of plain values (None where NaN), made once."""
+        return self.memo(("listed", name), lambda: plain_rows(getattr(self, name)))
+
+
+def plain_rows(array: Any) -> list[list[Any]]:
+    """A (hosts, gpus) numpy array as a list per host of Python values, None where it holds NaN."""
+    rows: list[list[Any]] = array.tolist()
+    if array.dtype.kind == "f" and (array != array).any():
+        rows = [[None if v != v else v for v in row] for row in rows]
+    return rows
+
+
+def utilisations(host: "HostSnapshot") -> dict[int, float | None]:
+    """Each GPU's utilisation by its index (from the round's arrays when it has them)."""
+    gpus = host.gpus
+    if isinstance(gpus, GpuColumns):
+        return dict(enumerate(gpus.fleet.listed("util_pct")[gpus.row]))
+    return {g.index: g.util_pct for g in gpus}
+
+
+class GpuColumns(Sequence[GpuSample]):
+    """One host's GPUs in a FleetColumns round: a sequence of GpuSample like the tuple a real
+    source gives (equal to it, GPU for GPU), whose samples are built only when read."""
+
+    __slots__ = ("fleet", "row")
+
+    def __init__(self, fleet: FleetColumns, row: int) -> None:
+        self.fleet = fleet
+        self.row = row
+
+    def _tuple(self) -> tuple[GpuSample, ...]:
+        start = self.row * self.fleet.gpus
+        return tuple(self.fleet.samples()[start:start + self.fleet.gpus])
+
+    def __len__(self) -> int:
+        return self.fleet.gpus
+
+    @overload
+    def __getitem__(self, i: int) -> GpuSample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[GpuSample, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> GpuSample | tuple[GpuSample, ...]:
+        return self._tuple()[i]
+
+    def __iter__(self) -> Iterator[GpuSample]:
+        return iter(self._tuple())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GpuColumns) and other.fleet is self.fleet and other.row == self.row:
+            return True
+        return isinstance(other, (tuple, GpuColumns)) and self._tuple() == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self._tuple())
+
+    def __repr__(self) -> str:
+        return repr(self._tuple())
+
+
 @dataclass(frozen=True)
 class HostSnapshot:
     """One host at one moment: its state, its CPU and memory, and its GPUs."""
@@ -192,7 +296,7 @@ class HostSnapshot:
     cpu_pct: float | None = None
     mem_used_mib: float | None = None
     mem_total_mib: float | None = None
-    gpus: tuple[GpuSample, ...] = ()
+    gpus: Sequence[GpuSample] = ()  # a tuple, or a GpuColumns view of a simulated fleet's round
     message: str | None = None  # one line: why the state is not ok, or a note ("no GPU")
     driver: str | None = None  # NVIDIA driver version where known
 

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from gputui.config.free import FreeRule
-from gputui.model.telemetry import GpuSample, HostSnapshot, HostState
+from gputui.model.telemetry import FleetColumns, GpuColumns, GpuSample, HostSnapshot, HostState, plain_rows
 
 UNKNOWN_USER = "n/a"  # the account of a process whose owner the host did not say
 MAX_CREDIT_S = 300.0  # a host silent longer than this between two polls is credited this much at most
@@ -59,7 +59,7 @@ class HostLine:
     state: HostState
     message: str | None
     gpus: int
-    samples: tuple[GpuSample, ...] = ()  # the round's GPUs (their cells are made when a line is drawn)
+    samples: Sequence[GpuSample] = ()  # the round's GPUs (their cells are made when a line is drawn)
     frees: tuple[bool, ...] = ()  # which of them are free, by the lab's rule
     free: int = 0
     util_pct: float | None = None  # the mean of the GPUs that say
@@ -83,6 +83,10 @@ class HostLine:
     @cached_property
     def cells(self) -> tuple[GpuCell, ...]:
         """The strip's cells, one a GPU: a lab round has 2,048 GPUs and a screen shows ~30 lines."""
+        if isinstance(self.samples, GpuColumns):  # from the round's arrays: no sample is built
+            fleet, row = self.samples.fleet, self.samples.row
+            return tuple(map(GpuCell, range(fleet.gpus), fleet.listed("util_pct")[row], _mem_pcts(fleet)[row],
+                             self.frees, _held(fleet)[row]))
         return tuple(GpuCell(g.index, g.util_pct, g.mem_pct, free, bool(g.processes)) for g, free in zip(self.samples, self.frees))
 
     @property
@@ -101,6 +105,8 @@ def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLi
     One pass over the GPUs (a lab's round makes 2,048 cells)."""
     if not host.state.worked:
         return HostLine(host.name, host.state, host.message, max(known_gpus, len(host.gpus)))
+    if isinstance(host.gpus, GpuColumns):
+        return _columns_line(host, host.gpus, rule)
     frees = []
     free = 0
     util_sum, util_n = 0.0, 0
@@ -134,6 +140,90 @@ def host_line(host: HostSnapshot, rule: FreeRule, known_gpus: int = 0) -> HostLi
                     util_sum / util_n if util_n else None, used, total,
                     top[0] if top else None, top[1] if top else None,
                     tuple((u, gpus[u], memory[u], processes[u]) for u in gpus))
+
+
+class _FleetFigures(NamedTuple):
+    """host_line's figures for every host of a FleetColumns round, by one rule: lists by host row."""
+
+    frees: list[tuple[bool, ...]]
+    free: list[int]
+    util: list[float | None]
+    used: list[float | None]
+    total: list[float | None]
+    held: list[tuple[tuple[str, int, float, int], ...]]
+    top: list[tuple[str, float] | None]
+
+
+def _columns_line(host: HostSnapshot, gpus: GpuColumns, rule: FreeRule) -> HostLine:
+    """host_line from the round's arrays: the same line, figure for figure (tests/test_lab.py)."""
+    fig = gpus.fleet.memo(("lab", rule), lambda: _fleet_figures(gpus.fleet, rule))
+    row = gpus.row
+    top = fig.top[row]
+    return HostLine(host.name, host.state, host.message, len(gpus), gpus, fig.frees[row], fig.free[row], fig.util[row],
+                    fig.used[row], fig.total[row], top[0] if top else None, top[1] if top else None, fig.held[row])
+
+
+def _fleet_figures(fleet: FleetColumns, rule: FreeRule) -> _FleetFigures:
+    """is_free and host_line's sums over a whole round at once (numpy). A sum runs GPU after GPU
+    (cumsum) as host_line's does, so the floats are the same, not merely close."""
+    import numpy as np
+
+    util, used, total = fleet.util_pct, fleet.mem_used_mib, fleet.mem_total_mib
+    known_util, known_used, known_total = ~np.isnan(util), ~np.isnan(used), ~np.isnan(total)
+    free = (known_util | known_used) & (~known_util | (util <= rule.max_util_pct)) & (~known_used | (used <= rule.max_memory_mib))
+    if not rule.allow_processes:
+        free &= fleet.process_user < 0
+
+    def sums(values: Any, known: Any) -> list[float | None]:
+        if not fleet.gpus:
+            return [None] * fleet.hosts
+        return [s if n else None for s, n in zip(np.where(known, values, 0.0).cumsum(1)[:, -1].tolist(), known.sum(1).tolist())]
+
+    util_sums = sums(util, known_util)
+    counts = known_util.sum(1).tolist()
+    held: list[dict[str, list[Any]]] = [{} for _ in range(fleet.hosts)]
+    if fleet.users and fleet.gpus:
+        user = fleet.process_user[:, :, None] == np.arange(len(fleet.users))  # (hosts, gpus, users)
+        gpus = user.sum(1)
+        memory = (user * np.nan_to_num(fleet.process_mem_mib)[:, :, None]).cumsum(1)[:, -1, :]
+        first = user.argmax(1)
+        rows, ks = np.nonzero(gpus)
+        for row, k, n, mib, at in sorted(zip(rows.tolist(), ks.tolist(), gpus[rows, ks].tolist(), memory[rows, ks].tolist(),
+                                              first[rows, ks].tolist()), key=lambda e: (e[0], e[4])):
+            name = fleet.users[k] or UNKNOWN_USER
+            entry = held[row].setdefault(name, [0, 0.0, 0])
+            entry[0] += n
+            entry[1] += mib
+            entry[2] += n  # one process a GPU
+    return _FleetFigures(
+        frees=[tuple(r) for r in free.tolist()], free=free.sum(1).tolist(),
+        util=[s / n if s is not None else None for s, n in zip(util_sums, counts)],
+        used=sums(used, known_used), total=sums(total, known_total),
+        held=[tuple((u, g, m, p) for u, (g, m, p) in h.items()) for h in held],
+        top=[_top_of(h) for h in held])
+
+
+def _top_of(held: dict[str, list[Any]]) -> tuple[str, float] | None:
+    """The account with the most GPU memory (the greater name on a tie), as host_line says."""
+    top = max(((m, u) for u, (_g, m, _p) in held.items()), default=None)
+    return None if top is None else (top[1], top[0])
+
+
+def _mem_pcts(fleet: FleetColumns) -> list[list[float | None]]:
+    """GpuSample.mem_pct of every GPU of the round, by host row."""
+    def make() -> list[list[float | None]]:
+        import numpy as np
+
+        used, total = fleet.mem_used_mib, fleet.mem_total_mib
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pct = np.where(np.isnan(used) | np.isnan(total) | (total == 0), np.nan, 100.0 * used / total)
+        return plain_rows(pct)
+
+    return fleet.memo("mem_pct", make)
+
+
+def _held(fleet: FleetColumns) -> list[list[bool]]:
+    return fleet.memo("held", lambda: (fleet.process_user >= 0).tolist())
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,17 @@ a lag (the boards are passively cooled: no fan). The same seed gives the same se
 readings.
 
 A lab's demo is 256 hosts x 8 GPUs polled every second, so a round is one step of numpy
-arrays over the whole fleet (a fixed number of draws a round, whatever the hosts do), and
-Python builds only the samples: a round of 2,048 GPUs costs a few milliseconds.
+arrays over the whole fleet (a fixed number of draws a round, whatever the hosts do), handed
+over as those arrays (FleetColumns): the lab reads them as they are, and Python builds a
+round's 2,048 samples only when something reads one (a JSON line, a host's screen).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from gputui.model.telemetry import GpuProcess, GpuSample, HostSnapshot, HostState, adopt
+from gputui.model.telemetry import FleetColumns, GpuProcess, GpuSample, HostSnapshot, HostState, adopt
 
 GPU_NAME = "NVIDIA A100-SXM4-80GB (simulated)"
 MEM_TOTAL_MIB = 81920.0
@@ -53,7 +54,7 @@ class SimSource:
         # Each host's schedule: running or idle, for how many more polls; set_active() overrides it.
         self._active = self._rng.random(hosts) < 0.5
         self._steps_left = self._rng.integers(5, 41, hosts)
-        self._forced: list[bool | None] = [None] * hosts
+        self._forced = np.full(hosts, -1, dtype=np.int8)  # set_active(): -1 the schedule, 0 off, 1 on
         self._run_started = np.zeros(hosts)  # when the current run began (its processes' age)
         self._pids = self._rng.integers(2000, 60001, shape)
         self._killed = np.zeros(shape, dtype=bool)  # signalled through kill(): gone until the host's next run
@@ -65,15 +66,16 @@ class SimSource:
         self._index_flat = [g for _ in range(hosts) for g in range(gpus)]
         self._pid_flat: list[int] = self._pids.ravel().tolist()
         self._user_flat = [account(i, g, gpus) for i in range(hosts) for g in range(gpus)]
+        self._user_index = np.array([ACCOUNTS.index(u) for u in self._user_flat], dtype=int).reshape(shape)
         self._uuid_flat = [f"GPU-5151{g:04d}-0000-4000-8000-{pid:012d}" for g, pid in zip(self._index_flat, self._pid_flat)]
 
     def set_active(self, host: int, active: bool | None) -> None:
         """Force a host's run on or off (None: back to the seeded schedule)."""
-        self._forced[host] = active
+        self._forced[host] = -1 if active is None else int(active)
 
     def is_active(self, host: int) -> bool:
-        forced = self._forced[host]
-        return bool(self._active[host]) if forced is None else forced
+        forced = int(self._forced[host])
+        return bool(self._active[host]) if forced < 0 else forced == 1
 
     def kill(self, host_name: str, pid: int, signal_name: str) -> tuple[bool, str]:
         """Signal a simulated process: it leaves its GPU's process list until the host's next run."""
@@ -92,7 +94,7 @@ class SimSource:
         np = self._np
         now = self._clock()
         hosts, gpus = self._pids.shape
-        forced = np.array([-1 if f is None else int(f) for f in self._forced])
+        forced = self._forced
         was_active = np.where(forced < 0, self._active, forced == 1)
         # The schedules: a host whose spell ends starts the other kind (a run of 20-60 polls, idle 5-20).
         self._steps_left -= 1
@@ -125,11 +127,26 @@ class SimSource:
         duration = 0.002 + 0.003 * host_draws[2]
         running_s = np.round(np.maximum(0.0, now - self._run_started), 1)
 
-        # The samples, GPU after GPU over the fleet: plain Python values from the arrays, each
-        # sample's dict literal adopted as its fields (the dict a dataclass __init__ would build).
-        columns = (np.round(util, 1), np.round(util * 0.55, 1), np.rint(mem).astype(int), np.round(temperature, 1),
+        # The round as arrays (what the lab reads: FleetColumns); its samples, GPU after GPU over
+        # the fleet, are built only if something reads one (a JSON line, a host's screen).
+        util_pct, mem_used = np.round(util, 1), np.rint(mem).astype(int)
+        columns = (util_pct, np.round(util * 0.55, 1), mem_used, np.round(temperature, 1),
                    np.round(power, 1), busy, throttle, rx, tx, running, np.rint(mem - 4.0).astype(int),
                    np.rint(util).astype(int), np.round(90.0 + util / 10.0, 1), np.repeat(running_s, gpus))
+        fleet = FleetColumns(
+            (hosts, gpus), lambda: self._samples(columns), util_pct=util_pct, mem_used_mib=mem_used.astype(float),
+            mem_total_mib=np.full((hosts, gpus), MEM_TOTAL_MIB), process_user=np.where(running, self._user_index, -1),
+            process_mem_mib=np.where(running, columns[10], 0).astype(float), users=ACCOUNTS)
+        return [adopt(HostSnapshot, {
+            "name": name, "state": HostState.OK, "time": now, "duration_s": duration_s, "kind": "sim", "address": "simulated",
+            "cpu_pct": cpu_pct, "mem_used_mib": ram_used, "mem_total_mib": 515_000.0, "gpus": fleet.host(i),
+            "message": None if gpus else "no GPU", "driver": DRIVER})
+                for i, (name, cpu_pct, ram_used, duration_s) in enumerate(zip(self._names, cpu.tolist(), host_mem.tolist(),
+                                                                              duration.tolist()))]
+
+    def _samples(self, columns: tuple[Any, ...]) -> list[GpuSample]:
+        """A round's samples from its arrays: plain Python values, each sample's dict literal
+        adopted as its fields (the dict a dataclass __init__ would build)."""
         samples = []
         for (index, uuid, pid, user, util_pct, mem_util, mem_used, temperature_c, power_w, busy_now, throttled, rx_kib, tx_kib,
              run, proc_mem, sm, proc_cpu, age) in zip(self._index_flat, self._uuid_flat, self._pid_flat, self._user_flat,
@@ -144,8 +161,4 @@ class SimSource:
                     "pid": pid, "name": PROCESS_NAME, "user": user, "gpu_memory_mib": proc_mem, "sm_pct": sm, "cpu_pct": proc_cpu,
                     "rss_mib": 3100.0 + 16 * index, "running_s": age, "started": None}),) if run else (),
                 "throttle": _THROTTLE[throttled], "energy_mj": None}))
-        return [HostSnapshot(name=name, state=HostState.OK, time=now, duration_s=duration_s, kind="sim", address="simulated",
-                             cpu_pct=cpu_pct, mem_used_mib=ram_used, mem_total_mib=515_000.0,
-                             gpus=tuple(samples[i * gpus:(i + 1) * gpus]), message=None if gpus else "no GPU", driver=DRIVER)
-                for i, (name, cpu_pct, ram_used, duration_s) in enumerate(zip(self._names, cpu.tolist(), host_mem.tolist(),
-                                                                              duration.tolist()))]
+        return samples
