@@ -289,3 +289,42 @@ def test_arrays_with_unknown_figures_and_accounts_give_the_lab_what_the_samples_
     assert (line.top_user, line.held) == ("bob", (("bob", 1, 20000.0, 1), ("alice", 1, 20000.0, 1)))  # a tie: the greater name
     assert [c.util_pct for c in host_line(hosts[0], RULE).cells] == [None, 5.0, None, 3.0]
     assert [c.mem_pct for c in host_line(hosts[0], RULE).cells] == [None, None, 200.0 / 819.2, None]
+
+
+def test_a_simulated_fleet_without_gpus_gives_the_same_lines() -> None:
+    from gputui.sources.sim import SimSource
+
+    hosts = SimSource(hosts=3, gpus=0, seed=2).poll()
+    _same_frames(Lab(RULE).update(hosts, 1000.0), Lab(RULE).update(_as_tuples(hosts), 1000.0))
+
+
+def test_a_rounds_samples_are_built_once_whichever_threads_read_them() -> None:
+    import threading
+
+    import numpy as np
+
+    building, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def build() -> list[GpuSample]:
+        calls.append(1)
+        building.set()
+        release.wait(30)
+        return [gpu(0)]
+
+    one = np.zeros((1, 1))
+    fleet = FleetColumns((1, 1), build, util_pct=one, mem_used_mib=one.copy(), mem_total_mib=one.copy(),
+                         process_user=np.full((1, 1), -1), process_mem_mib=one.copy(), users=())
+    got: list[list[GpuSample]] = []
+    readers = [threading.Thread(target=lambda: got.append(fleet.samples())) for _ in range(2)]
+    readers[0].start()
+    assert building.wait(30), "the first reader never started building"
+    readers[1].start()
+    readers[1].join(0.2)  # the second reader is inside samples() by now (a slower machine only makes this test weaker)
+    release.set()
+    for r in readers:
+        r.join(30)
+        assert not r.is_alive(), "a reader is still waiting for the round's samples"
+    assert len(calls) == 1 and len(got) == 2 and got[0] is got[1]
+    with pytest.raises(ValueError):
+        fleet.util_pct[0, 0] = 5.0  # a snapshot's arrays are read-only
