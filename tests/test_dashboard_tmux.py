@@ -62,6 +62,10 @@ def test_demo_under_tmux(tmp_path: Path) -> None:
     try:
         pane = psutil.Process(int(tmux("display-message", "-p", "-t", "demo", "#{pane_pid}").strip()))
         tmux.wait(lambda s: "Hosts & GPUs" in s and "sim-0" in s, 30, "the first frame")
+        tmux("send-keys", "-t", "demo", "?")
+        tmux.wait(lambda s: "dashboard: keys" in s, 30, "the help")
+        tmux("send-keys", "-t", "demo", "Escape")  # a lone Esc: a key once the input parser's timeout passes
+        tmux.wait(lambda s: "dashboard: keys" not in s, 30, "Esc to close the help")
         tmux("send-keys", "-t", "demo", "t")
         first = step(tmux.wait(lambda s: step(s) > 0, 90, "the first training steps"))
         tmux.wait(lambda s: step(s) > first, 60, "training to progress")

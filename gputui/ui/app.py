@@ -62,6 +62,16 @@ class DashboardApp(ProcessActions, TrainingActions, SlaveActions, CurveActions, 
         # app waits for it, at quit too: the run releases what it holds before the app exits.
         backend.child_progress = self._child_progress
 
+    def get_driver_class(self) -> Any:
+        """Textual's choice (a browser's driver under textual-serve, a test's headless one), but
+        on a Linux terminal the driver whose input thread sleeps while no key comes."""
+        chosen = super().get_driver_class()
+        if (chosen.__module__, chosen.__name__) == ("textual.drivers.linux_driver", "LinuxDriver"):
+            from gputui.ui.driver import QuietLinuxDriver
+
+            return QuietLinuxDriver
+        return chosen
+
     def _child_progress(self, child: Any, text: str, log: bool) -> None:
         """From the child's threads: post, never touch the widgets."""
         self.post_message(RunStopping(child, text, log))

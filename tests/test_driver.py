@@ -1,0 +1,117 @@
+"""The dashboard's terminal driver (gputui.ui.driver): its input thread sleeps until input
+comes, still turns a lone Esc into a key once the parser's timeout passes, and ends when
+Textual ends input. Driven through a pseudo-terminal, without an app."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import queue
+import selectors
+import signal
+import sys
+import threading
+import time
+import tty
+from typing import Any
+
+import pytest
+
+from gputui.ui.driver import TEXTUAL_WAIT_S, QuietLinuxDriver, wait_s
+
+WAIT_S = 30.0  # any wait below: a bound that fails with a message, however slow the machine
+
+
+class _Probe(QuietLinuxDriver):
+    """The driver, keeping what its input thread sends instead of posting it to an app."""
+
+    received: "queue.Queue[Any]"
+
+    def process_message(self, message: Any) -> None:
+        self.received.put(message)
+
+
+def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {WAIT_S:g} s waiting for {what}"
+        time.sleep(0.01)
+
+
+def _key(driver: _Probe, what: str) -> str:
+    try:
+        return str(driver.received.get(timeout=WAIT_S).key)
+    except queue.Empty:
+        raise AssertionError(f"no key within {WAIT_S:g} s: {what}") from None
+
+
+def test_the_input_thread_sleeps_until_a_key_and_ends_when_input_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    master, slave = pty.openpty()
+    tty.setraw(slave)  # as the driver's application mode sets it: each key as it comes
+    monkeypatch.setattr(sys, "__stdin__", os.fdopen(slave, "rb", buffering=0))
+    waits: list[float | None] = []  # the timeout of each of the thread's selects
+    select = selectors.SelectSelector.select
+
+    def counted(self: Any, timeout: float | None = None) -> Any:
+        waits.append(timeout)
+        return select(self, timeout)
+
+    monkeypatch.setattr(selectors.SelectSelector, "select", counted)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTSTP, signal.SIGCONT)}  # the driver sets its own
+
+    async def make() -> _Probe:
+        return _Probe(None)  # type: ignore[arg-type]
+
+    driver = asyncio.run(make())
+    driver.received = queue.Queue()
+    thread = threading.Thread(target=driver.run_input_thread, daemon=True)
+    try:
+        thread.start()
+        _until(lambda: waits, "the thread's first select")
+        assert waits == [None], "with nothing pending the thread waits for input without a timeout"
+        os.write(master, b"a")
+        assert _key(driver, "a typed key") == "a"
+        _until(lambda: len(waits) >= 2, "the thread's next select")
+        assert waits[-1] is None
+        os.write(master, b"\x1b")  # a lone Esc: a key only once the parser's timeout passes
+        assert _key(driver, "a lone Esc") == "escape"
+        timed = [w for w in waits if w is not None]
+        assert timed and all(0 <= w < 1.0 for w in timed), waits  # it slept until the timeout, not for ever
+        _until(lambda: waits[-1] is None, "the thread to sleep again")
+        driver.exit_event.set()  # what Textual's disable_input does, then it joins the thread
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), "the input thread did not end when input ended"
+    finally:
+        driver.exit_event.set()
+        thread.join(WAIT_S)
+        driver.close()
+        os.close(master)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def test_the_thread_sleeps_until_the_parsers_timeout_or_at_textuals_pace_where_the_parser_does_not_say() -> None:
+    class Parser:
+        _timeout_time: float | None = None
+
+    parser = Parser()
+    assert wait_s(parser, 100.0) is None
+    parser._timeout_time = 100.25
+    assert wait_s(parser, 100.0) == 0.25 and wait_s(parser, 101.0) == 0.0
+    assert wait_s(object(), 100.0) == TEXTUAL_WAIT_S  # a later Textual's parser without the attribute
+
+
+def test_the_dashboard_takes_the_quiet_driver_only_where_textual_would_take_its_linux_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from textual.app import App
+    from textual.drivers.headless_driver import HeadlessDriver
+    from textual.drivers.linux_driver import LinuxDriver
+
+    from gputui.ui.app import DashboardApp
+
+    app = DashboardApp.__new__(DashboardApp)  # what get_driver_class reads: nothing of the app's own
+    monkeypatch.setattr(App, "get_driver_class", lambda self: LinuxDriver)
+    assert app.get_driver_class() is QuietLinuxDriver
+    monkeypatch.setattr(App, "get_driver_class", lambda self: HeadlessDriver)  # a browser's (textual-serve) or a test's
+    assert app.get_driver_class() is HeadlessDriver
