@@ -72,6 +72,10 @@ def test_the_input_thread_sleeps_until_a_key_and_ends_when_input_ends(monkeypatc
         assert waits == [None], "with nothing pending the thread waits for input without a timeout"
         os.write(master, b"a")
         assert _key(driver, "a typed key") == "a"
+        os.write(master, "é".encode()[:1])  # half a character: nothing yet, and the thread reads on
+        _until(lambda: len(waits) >= 3, "the select after half a character")
+        os.write(master, "é".encode()[1:])
+        assert _key(driver, "the rest of the character") == "é"
         _until(lambda: len(waits) >= 2, "the thread's next select")
         assert waits[-1] is None
         os.write(master, b"\x1b")  # a lone Esc: a key only once the parser's timeout passes

@@ -94,7 +94,7 @@ class SimSource:
         np = self._np
         now = self._clock()
         hosts, gpus = self._pids.shape
-        forced = self._forced
+        forced = self._forced.copy()  # this round's, whatever set_active() does meanwhile
         was_active = np.where(forced < 0, self._active, forced == 1)
         # The schedules: a host whose spell ends starts the other kind (a run of 20-60 polls, idle 5-20).
         self._steps_left -= 1

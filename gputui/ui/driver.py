@@ -93,12 +93,14 @@ class QuietLinuxDriver(LinuxDriver):
                 if key.fd == wake:
                     self._waking.drain()
                     continue
-                text = decode(os.read(self.fileno, 4096), final=final)
-                if not text:
+                data = os.read(self.fileno, 4096)
+                if not data:
                     more = False  # stdin closed (a pipe): nothing more will come
                     continue
-                for message in parser.feed(text):
-                    self.process_message(message)
+                text = decode(data, final=final)  # "" while a character's bytes are still coming
+                if text:
+                    for message in parser.feed(text):
+                        self.process_message(message)
             for message in parser.tick():
                 self.process_message(message)
             return more
@@ -106,7 +108,7 @@ class QuietLinuxDriver(LinuxDriver):
         try:
             while not self.exit_event.is_set():
                 if not dispatch(selector.select(wait_s(parser, time.monotonic()))):
-                    self.exit_event.wait()  # as Textual's thread: it keeps to the end, reading nothing
+                    self.exit_event.wait()  # the thread lasts until input ends, reading nothing more
                     break
             selector.unregister(self.fileno)
             dispatch([(key, mask) for key, mask in selector.select(0) if key.fd == wake], final=True)
