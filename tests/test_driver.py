@@ -76,6 +76,9 @@ def test_the_input_thread_sleeps_until_a_key_and_ends_when_input_ends(monkeypatc
         _until(lambda: len(waits) >= 3, "the select after half a character")
         os.write(master, "é".encode()[1:])
         assert _key(driver, "the rest of the character") == "é"
+        os.write(master, b"\xffb")  # a byte that is no UTF-8: replaced, and the keys after it still come
+        keys = [_key(driver, "a replaced byte"), _key(driver, "the key after it")]
+        assert keys[-1] == "b" and thread.is_alive(), keys
         _until(lambda: len(waits) >= 2, "the thread's next select")
         assert waits[-1] is None
         os.write(master, b"\x1b")  # a lone Esc: a key only once the parser's timeout passes

@@ -80,7 +80,7 @@ class QuietLinuxDriver(LinuxDriver):
         from textual._xterm_parser import XTermParser
 
         parser = XTermParser(self._debug)
-        decode = getincrementaldecoder("utf-8")().decode
+        decode = getincrementaldecoder("utf-8")(errors="replace").decode  # a stray byte is a "\ufffd" key, not a crash
         wake = self._waking.read_fd
         selector = selectors.SelectSelector()  # as Textual's: any descriptor
         selector.register(self.fileno, selectors.EVENT_READ)
