@@ -252,6 +252,11 @@ def test_the_lab_and_its_plain_view_build_no_sample_of_a_simulated_round() -> No
     assert len(text.splitlines()) == 66 and {utilisations(h)[0] is not None for h in hosts} == {True}
     assert fleet._samples is None  # what a lab of 2,048 GPUs a second would otherwise build
     assert hosts[3].gpus[2].index == 2 and fleet._samples is not None  # and reading one builds them
+    again = SimSource(hosts=4, gpus=2, seed=1).poll()
+    from gputui.model.telemetry import round_to_dict
+
+    assert len(round_to_dict(again, 0.0)["hosts"][1]["gpus"]) == 2
+    assert "arrays" not in again[0].gpus.fleet._memo  # type: ignore[attr-defined]  # a JSON line needs no lab array
 
 
 def _fleet(rows: list[list[GpuSample]]) -> list[HostSnapshot]:
@@ -267,12 +272,11 @@ def _fleet(rows: list[list[GpuSample]]) -> list[HostSnapshot]:
     def array(get: object) -> object:
         return np.array([[np.nan if get(g) is None else get(g) for g in row] for row in rows], dtype=float)  # type: ignore[operator]
 
-    fleet = FleetColumns(
-        (len(rows), len(rows[0])), lambda: [g for row in rows for g in row],
-        util_pct=array(lambda g: g.util_pct), mem_used_mib=array(lambda g: g.mem_used_mib),
-        mem_total_mib=array(lambda g: g.mem_total_mib),
-        process_user=np.array([[users.index(g.processes[0].user) if g.processes else -1 for g in row] for row in rows]),
-        process_mem_mib=array(lambda g: g.processes[0].gpu_memory_mib if g.processes else 0.0), users=tuple(users))
+    fleet = FleetColumns((len(rows), len(rows[0])), lambda: [g for row in rows for g in row], lambda: {
+        "util_pct": array(lambda g: g.util_pct), "mem_used_mib": array(lambda g: g.mem_used_mib),
+        "mem_total_mib": array(lambda g: g.mem_total_mib),
+        "process_user": np.array([[users.index(g.processes[0].user) if g.processes else -1 for g in row] for row in rows]),
+        "process_mem_mib": array(lambda g: g.processes[0].gpu_memory_mib if g.processes else 0.0)}, tuple(users))
     return [HostSnapshot(f"h{i}", HostState.OK, 1000.0, kind="sim", gpus=fleet.host(i)) for i in range(len(rows))]
 
 
@@ -313,8 +317,8 @@ def test_a_rounds_samples_are_built_once_whichever_threads_read_them() -> None:
         return [gpu(0)]
 
     one = np.zeros((1, 1))
-    fleet = FleetColumns((1, 1), build, util_pct=one, mem_used_mib=one.copy(), mem_total_mib=one.copy(),
-                         process_user=np.full((1, 1), -1), process_mem_mib=one.copy(), users=())
+    fleet = FleetColumns((1, 1), build, lambda: {"util_pct": one, "mem_used_mib": one.copy(), "mem_total_mib": one.copy(),
+                                                 "process_user": np.full((1, 1), -1), "process_mem_mib": one.copy()}, ())
     got: list[list[GpuSample]] = []
     readers = [threading.Thread(target=lambda: got.append(fleet.samples())) for _ in range(2)]
     readers[0].start()

@@ -184,23 +184,50 @@ class FleetColumns:
     """One round of a uniform fleet (`hosts` x `gpus`) kept as arrays, GPU after GPU: what a
     simulated lab of 2,048 GPUs hands over each second. Its hosts' `gpus` are GpuColumns views;
     a GpuSample is built only when one is asked for (then the whole round's, once, by `build`).
-    What the lab's figures need is here as (hosts, gpus) numpy arrays, NaN where not known:
+    What the lab's figures need is here as (hosts, gpus) numpy arrays (made by `arrays` when
+    first read), NaN where not known:
     `util_pct`, `mem_used_mib`, `mem_total_mib`; `process_user` (an index into `users`, -1: no
     compute process; at most one a GPU) and `process_mem_mib`; GPU g of a host has index g. These arrays and the samples
     `build` makes say the same thing (tests/test_lab.py compares them)."""
 
-    def __init__(self, shape: tuple[int, int], build: Callable[[], list[GpuSample]], *, util_pct: Any,
-                 mem_used_mib: Any, mem_total_mib: Any, process_user: Any, process_mem_mib: Any,
-                 users: tuple[str | None, ...]) -> None:
+    def __init__(self, shape: tuple[int, int], build: Callable[[], list[GpuSample]],
+                 arrays: Callable[[], Mapping[str, Any]], users: tuple[str | None, ...]) -> None:
         self.hosts, self.gpus = shape
         self._build = build
+        self._make_arrays = arrays  # made when the lab first reads one (a JSON line reads none)
         self._samples: list[GpuSample] | None = None
         self._lock = threading.Lock()  # the poll's worker and the UI thread may both read a round
-        for array in (util_pct, mem_used_mib, mem_total_mib, process_user, process_mem_mib):
-            array.flags.writeable = False  # a snapshot: nobody changes it after the poll
-        self.util_pct, self.mem_used_mib, self.mem_total_mib = util_pct, mem_used_mib, mem_total_mib
-        self.process_user, self.process_mem_mib, self.users = process_user, process_mem_mib, users
+        self.users = users
         self._memo: dict[Any, Any] = {}
+
+    def _array(self, name: str) -> Any:
+        def make() -> dict[str, Any]:
+            arrays = dict(self._make_arrays())
+            for array in arrays.values():
+                array.flags.writeable = False  # a snapshot: nobody changes it after the poll
+            return arrays
+
+        return self.memo("arrays", make)[name]
+
+    @property
+    def util_pct(self) -> Any:
+        return self._array("util_pct")
+
+    @property
+    def mem_used_mib(self) -> Any:
+        return self._array("mem_used_mib")
+
+    @property
+    def mem_total_mib(self) -> Any:
+        return self._array("mem_total_mib")
+
+    @property
+    def process_user(self) -> Any:
+        return self._array("process_user")
+
+    @property
+    def process_mem_mib(self) -> Any:
+        return self._array("process_mem_mib")
 
     def samples(self) -> list[GpuSample]:
         """Every GPU's sample, GPU after GPU (built the first time)."""
