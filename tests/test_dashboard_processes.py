@@ -127,7 +127,8 @@ def test_process_table_sorts_filters_and_signals_after_asking() -> None:
         assert isinstance(app.screen, ProcessScreen)
         await wait_for(pilot, lambda: (True, ) in [(on,) for on, _ in source.sm_asks], what="SM % asked for")
         assert all(thread != threading.main_thread().name for _, thread in source.sm_asks)  # by the poll worker
-        assert shown_pids(app) == [100, 300, 200, 400]  # GPU memory, largest first
+        # GPU memory, largest first (the screen holds the rows from a round's frame: wait for one)
+        await wait_for(pilot, lambda: shown_pids(app) == [100, 300, 200, 400], what="the rows, largest GPU memory first")
         # The rows drawn (a busy machine may paint them a while after the table holds them).
         await wait_for(pilot, lambda: "python train.py --big" in screen_text(app), what="the table's rows drawn")
         text = screen_text(app)
@@ -148,7 +149,7 @@ def test_process_table_sorts_filters_and_signals_after_asking() -> None:
         await pilot.press("K", "s")
         await wait_for(pilot, lambda: "SIGTERM sent (scripted)" in log_text(app), what="the kill's line")
         assert source.kills == [("beta", 200, "KILL")]
-        assert "SIGTERM sent (scripted)" in screen_text(app)  # on the process screen too
+        await wait_for(pilot, lambda: "SIGTERM sent (scripted)" in screen_text(app), what="the kill's line on the process screen")
         await pilot.press("escape")
         assert not isinstance(app.screen, ProcessScreen)
         await wait_for(pilot, lambda: source.sm_asks[-1][0] is False, what="SM % no longer asked for")
