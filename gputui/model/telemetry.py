@@ -180,6 +180,16 @@ class GpuSample:
         return cls(**values)
 
 
+class _Array:
+    """One of a FleetColumns round's arrays, by its attribute's name (made on first read)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, fleet: Any, owner: type | None = None) -> Any:
+        return fleet._array(self.name)
+
+
 class FleetColumns:
     """One round of a uniform fleet (`hosts` x `gpus`) kept as arrays, GPU after GPU: what a
     simulated lab of 2,048 GPUs hands over each second. Its hosts' `gpus` are GpuColumns views;
@@ -209,25 +219,11 @@ class FleetColumns:
 
         return self.memo("arrays", make)[name]
 
-    @property
-    def util_pct(self) -> Any:
-        return self._array("util_pct")
-
-    @property
-    def mem_used_mib(self) -> Any:
-        return self._array("mem_used_mib")
-
-    @property
-    def mem_total_mib(self) -> Any:
-        return self._array("mem_total_mib")
-
-    @property
-    def process_user(self) -> Any:
-        return self._array("process_user")
-
-    @property
-    def process_mem_mib(self) -> Any:
-        return self._array("process_mem_mib")
+    util_pct = _Array()
+    mem_used_mib = _Array()
+    mem_total_mib = _Array()
+    process_user = _Array()
+    process_mem_mib = _Array()
 
     def samples(self) -> list[GpuSample]:
         """Every GPU's sample, GPU after GPU (built the first time)."""
