@@ -195,10 +195,10 @@ class FleetColumns:
     simulated lab of 2,048 GPUs hands over each second. Its hosts' `gpus` are GpuColumns views;
     a GpuSample is built only when one is asked for (then the whole round's, once, by `build`).
     What the lab's figures need is here as (hosts, gpus) numpy arrays (made by `arrays` when
-    first read), NaN where not known:
-    `util_pct`, `mem_used_mib`, `mem_total_mib`; `process_user` (an index into `users`, -1: no
-    compute process; at most one a GPU) and `process_mem_mib`; GPU g of a host has index g. These arrays and the samples
-    `build` makes say the same thing (tests/test_lab.py compares them)."""
+    first read), NaN where not known: `util_pct`, `mem_used_mib`, `mem_total_mib`;
+    `process_user` (an index into `users`, -1: no compute process; at most one a GPU) and
+    `process_mem_mib`. GPU g of a host has index g. These arrays and the samples `build` makes
+    say the same thing (tests/test_lab.py compares them)."""
 
     def __init__(self, shape: tuple[int, int], build: Callable[[], list[GpuSample]],
                  arrays: Callable[[], Mapping[str, Any]], users: tuple[str | None, ...]) -> None:
