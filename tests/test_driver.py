@@ -12,7 +12,6 @@ import selectors
 import signal
 import sys
 import threading
-import time
 import tty
 from typing import Any
 
@@ -32,11 +31,28 @@ class _Probe(QuietLinuxDriver):
         self.received.put(message)
 
 
-def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {WAIT_S:g} s waiting for {what}"
-        time.sleep(0.01)
+class _Selects:
+    """The timeout of each select the input thread starts, in order; waits are on the thread's own selects."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+        self._changed = threading.Condition()
+
+    def record(self, timeout: float | None) -> None:
+        with self._changed:
+            self.timeouts.append(timeout)
+            self._changed.notify_all()
+
+    def count(self) -> int:
+        with self._changed:
+            return len(self.timeouts)
+
+    def nth(self, n: int, what: str) -> float | None:
+        """The timeout of the thread's n-th select (1-based), once it has started one."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: len(self.timeouts) >= n, WAIT_S), \
+                f"no select #{n} within {WAIT_S:g} s: {what}"
+            return self.timeouts[n - 1]
 
 
 def _key(driver: _Probe, what: str) -> str:
@@ -50,11 +66,11 @@ def test_the_input_thread_sleeps_until_a_key_and_ends_when_input_ends(monkeypatc
     master, slave = pty.openpty()
     tty.setraw(slave)  # as the driver's application mode sets it: each key as it comes
     monkeypatch.setattr(sys, "__stdin__", os.fdopen(slave, "rb", buffering=0))
-    waits: list[float | None] = []  # the timeout of each of the thread's selects
+    selects = _Selects()
     select = selectors.SelectSelector.select
 
     def counted(self: Any, timeout: float | None = None) -> Any:
-        waits.append(timeout)
+        selects.record(timeout)
         return select(self, timeout)
 
     monkeypatch.setattr(selectors.SelectSelector, "select", counted)
@@ -68,24 +84,28 @@ def test_the_input_thread_sleeps_until_a_key_and_ends_when_input_ends(monkeypatc
     thread = threading.Thread(target=driver.run_input_thread, daemon=True)
     try:
         thread.start()
-        _until(lambda: waits, "the thread's first select")
-        assert waits == [None], "with nothing pending the thread waits for input without a timeout"
-        os.write(master, b"a")
-        assert _key(driver, "a typed key") == "a"
-        os.write(master, "é".encode()[:1])  # half a character: nothing yet, and the thread reads on
-        _until(lambda: len(waits) >= 3, "the select after half a character")
-        os.write(master, "é".encode()[1:])
-        assert _key(driver, "the rest of the character") == "é"
-        os.write(master, b"\xffb")  # a byte that is no UTF-8: replaced, and the keys after it still come
-        keys = [_key(driver, "a replaced byte"), _key(driver, "the key after it")]
+        assert selects.nth(1, "the thread's first select") is None, "with nothing pending it waits without a timeout"
+
+        def typed(data: bytes, what: str) -> tuple[int, list[str]]:
+            """Write `data`; the number of the select that was waiting for it, and the keys it made."""
+            waiting = selects.count()
+            os.write(master, data)
+            return waiting, [_key(driver, what)]
+
+        n, keys = typed(b"a", "a typed key")
+        assert keys == ["a"] and selects.nth(n + 1, "the select after a key") is None  # asleep again
+        n = selects.count()
+        os.write(master, "é".encode()[:1])  # half a character: nothing yet, and the thread reads on, asleep
+        assert selects.nth(n + 1, "the select after half a character") is None
+        n, keys = typed("é".encode()[1:], "the rest of the character")
+        assert keys == ["é"]
+        n, keys = typed(b"\xffb", "a replaced byte")  # no UTF-8: replaced, and the keys after it still come
+        keys.append(_key(driver, "the key after the replaced byte"))
         assert keys[-1] == "b" and thread.is_alive(), keys
-        _until(lambda: len(waits) >= 2, "the thread's next select")
-        assert waits[-1] is None
-        os.write(master, b"\x1b")  # a lone Esc: a key only once the parser's timeout passes
-        assert _key(driver, "a lone Esc") == "escape"
-        timed = [w for w in waits if w is not None]
-        assert timed and all(0 <= w < 1.0 for w in timed), waits  # it slept until the timeout, not for ever
-        _until(lambda: waits[-1] is None, "the thread to sleep again")
+        n, keys = typed(b"\x1b", "a lone Esc")  # a key only once the parser's timeout passes
+        wait = selects.nth(n + 1, "the select after the Esc")
+        assert keys == ["escape"] and wait is not None and 0 <= wait < 1.0, selects.timeouts  # until the timeout
+        assert selects.nth(n + 2, "the select after the Esc's key") is None  # then asleep again
         driver.exit_event.set()  # what Textual's disable_input does, then it joins the thread
         thread.join(WAIT_S)
         assert not thread.is_alive(), "the input thread did not end when input ended"

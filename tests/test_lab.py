@@ -319,12 +319,28 @@ def test_a_rounds_samples_are_built_once_whichever_threads_read_them() -> None:
     one = np.zeros((1, 1))
     fleet = FleetColumns((1, 1), build, lambda: {"util_pct": one, "mem_used_mib": one.copy(), "mem_total_mib": one.copy(),
                                                  "process_user": np.full((1, 1), -1), "process_mem_mib": one.copy()}, ())
+    class Lock:
+        """The fleet's lock, saying when a second reader is at it (while the first one builds)."""
+
+        def __init__(self) -> None:
+            self.inner, self.entries, self.second = threading.Lock(), 0, threading.Event()
+
+        def __enter__(self) -> None:
+            self.entries += 1
+            if self.entries == 2:
+                self.second.set()
+            self.inner.acquire()
+
+        def __exit__(self, *_exc: object) -> None:
+            self.inner.release()
+
+    lock = fleet._lock = Lock()  # type: ignore[assignment]
     got: list[list[GpuSample]] = []
     readers = [threading.Thread(target=lambda: got.append(fleet.samples())) for _ in range(2)]
     readers[0].start()
     assert building.wait(30), "the first reader never started building"
     readers[1].start()
-    readers[1].join(0.2)  # the second reader is inside samples() by now (a slower machine only makes this test weaker)
+    assert lock.second.wait(30) or len(calls) == 2, "the second reader neither waited for the first nor built"
     release.set()
     for r in readers:
         r.join(30)
