@@ -4,6 +4,7 @@ sorting and filtering, free GPUs for scripts, and per-account totals with GPU-ho
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 import pytest
 
@@ -269,8 +270,8 @@ def _fleet(rows: list[list[GpuSample]]) -> list[HostSnapshot]:
             if p.user not in users:
                 users.append(p.user)
 
-    def array(get: object) -> object:
-        return np.array([[np.nan if get(g) is None else get(g) for g in row] for row in rows], dtype=float)  # type: ignore[operator]
+    def array(get: Callable[[GpuSample], float | None]) -> Any:
+        return np.array([[np.nan if get(g) is None else get(g) for g in row] for row in rows], dtype=float)
 
     fleet = FleetColumns((len(rows), len(rows[0])), lambda: [g for row in rows for g in row], lambda: {
         "util_pct": array(lambda g: g.util_pct), "mem_used_mib": array(lambda g: g.mem_used_mib),

@@ -211,13 +211,13 @@ class FleetColumns:
         self._memo: dict[Any, Any] = {}
 
     def _array(self, name: str) -> Any:
-        def make() -> dict[str, Any]:
-            arrays = dict(self._make_arrays())
-            for array in arrays.values():
-                array.flags.writeable = False  # a snapshot: nobody changes it after the poll
-            return arrays
+        return self.memo("arrays", self._read_only_arrays)[name]
 
-        return self.memo("arrays", make)[name]
+    def _read_only_arrays(self) -> dict[str, Any]:
+        arrays = dict(self._make_arrays())
+        for array in arrays.values():
+            array.flags.writeable = False  # a snapshot: nobody changes it after the poll
+        return arrays
 
     util_pct = _Array()
     mem_used_mib = _Array()

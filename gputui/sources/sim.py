@@ -133,10 +133,9 @@ class SimSource:
         columns = (util_pct, np.round(util * 0.55, 1), mem_used, np.round(temperature, 1),
                    np.round(power, 1), busy, throttle, rx, tx, running, np.rint(mem - 4.0).astype(int),
                    np.rint(util).astype(int), np.round(90.0 + util / 10.0, 1), np.repeat(running_s, gpus))
-        user_index = self._user_index
         fleet = FleetColumns((hosts, gpus), lambda: self._samples(columns), lambda: {
             "util_pct": util_pct, "mem_used_mib": mem_used.astype(float), "mem_total_mib": np.full((hosts, gpus), MEM_TOTAL_MIB),
-            "process_user": np.where(running, user_index, -1), "process_mem_mib": np.where(running, columns[10], 0).astype(float)},
+            "process_user": np.where(running, self._user_index, -1), "process_mem_mib": np.where(running, columns[10], 0).astype(float)},
             ACCOUNTS)
         return [adopt(HostSnapshot, {
             "name": name, "state": HostState.OK, "time": now, "duration_s": duration_s, "kind": "sim", "address": "simulated",

@@ -20,7 +20,6 @@ from gputui.model.units import plural
 # `d` on a slave a live run trains on stops the run first and waits this long for it to end (its
 # stop grace, the checkpoint's pull, its slaves released) before the slave goes anyway
 STOP_FIRST_S = 600.0
-EVERY_SLAVE = "every slave"  # what D and quit's "terminate them" act on
 
 
 class SlaveActions(DashboardBase):
@@ -91,7 +90,7 @@ class SlaveActions(DashboardBase):
             slaves = self.get_slaves()
             if slaves is not None:
                 going = ids if ids is not None else [record.instance_id for record in slaves.guard.running()]
-                if self._stop_runs_first(slaves, going, what or (EVERY_SLAVE if ids is None else ", ".join(ids))):
+                if self._stop_runs_first(slaves, going, None if ids is None else what or ", ".join(ids)):
                     count = slaves.terminate_all() if ids is None else slaves.terminate(ids)
                     done = f"d: terminated {what}" if what and count else f"{plural(count, 'slave')} terminated"
                     self.post_message(CloudNote(done, notify=bool(what)))
@@ -99,11 +98,12 @@ class SlaveActions(DashboardBase):
             self.post_message(CloudNote(f"terminate failed: {exc}", "error", notify=True))
         self.post_message(SlavesChanged())
 
-    def _stop_runs_first(self, slaves: Any, ids: list[str], what: str) -> bool:
+    def _stop_runs_first(self, slaves: Any, ids: list[str], what: str | None) -> bool:
         """Worker (d, D): the live runs training on these slaves (runs going on their cluster, by the
         ledger) stop first, each the way s stops it: it checkpoints, its nodes stop, its last
         checkpoint comes back and it releases its slaves. Waits for them to end (at most
-        STOP_FIRST_S); False when the dashboard closed meanwhile (the slaves are left as they are)."""
+        STOP_FIRST_S); False when the dashboard closed meanwhile (the slaves are left as they are).
+        `what`: the slave `d` picked, None for every slave (D, quit's "terminate them")."""
         from gputui.model.paths import runs_home
         from gputui.runs import store as runs
 
@@ -112,10 +112,9 @@ class SlaveActions(DashboardBase):
         if not users:
             return True
         names = ", ".join(run.run_id for run in users)
-        key, slave = ("D", "slaves") if what == EVERY_SLAVE else ("d", "slave")
+        key, what, then = ("D", "every slave", "the slaves go") if what is None else ("d", what, "the slave goes")
         self.post_message(StopRunsFirst(tuple(users), f"{key}: {what} trains run {names}: the run stops first (it "
-                                                      f"checkpoints and releases its slaves), then the {slave} go"
-                                                      f"{'' if key == 'D' else 'es'}"))
+                                                      f"checkpoints and releases its slaves), then {then}"))
         deadline = time.monotonic() + STOP_FIRST_S
         worker = get_current_worker()
         while any(runs.live_process(run) is not None for run in users):
