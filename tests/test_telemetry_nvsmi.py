@@ -19,6 +19,8 @@ import pytest
 from gputui.model.telemetry import GpuProcess, HostState
 from gputui.sources.nvsmi import (
     GPU_FIELDS,
+    MAX_KNOWN_PIDS,
+    PsRow,
     RemoteReading,
     parse_apps,
     parse_gpu_rows,
@@ -27,7 +29,9 @@ from gputui.sources.nvsmi import (
     parse_ps_full,
     parse_reasons,
     parse_value,
+    poll_request,
     remote_command,
+    remote_loop_command,
     retry_fields,
     split_row,
 )
@@ -300,3 +304,44 @@ def test_the_script_falls_back_to_a_plain_ps(tmp_path: Path) -> None:
     out = subprocess.run(["/bin/sh", "-c", remote_command(FIELDS)], capture_output=True, text=True, env=env, timeout=30).stdout
     init = parse_report(out, FIELDS).gpus[0].processes[0]
     assert (init.pid, init.user, init.rss_mib) == (1, "root", None) and init.name
+
+
+def test_a_request_names_the_pids_whose_ps_row_it_holds() -> None:
+    assert poll_request(7, ("index", "uuid")) == b"7 index,uuid\n"
+    assert poll_request(7, ("index",), 0.2) == b"7 index 0.200\n"
+    assert poll_request(7, ("index",), 0.0, (1, 42)) == b"7 index 0 1,42\n"
+    assert poll_request(7, ("index",), 0.2, (1, 42)) == b"7 index 0.200 1,42\n"
+    named = poll_request(7, ("index",), 0.0, tuple(range(1, 500))).split()[3]
+    assert named.count(b",") == MAX_KNOWN_PIDS - 1  # a bounded line: the others are looked up again
+
+
+def test_the_poll_loop_runs_ps_only_for_the_pids_it_was_not_told(tmp_path: Path) -> None:
+    """The long-lived loop, run locally: `ps` (a wrapper that logs its arguments) runs for the
+    pids the request does not name, not at all when it names them all; a known row is used."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(NVSMI_DATA / "fake-nvidia-smi")
+    log = tmp_path / "ps.log"
+    real_ps = subprocess.run(["sh", "-c", "command -v ps"], capture_output=True, text=True).stdout.strip()
+    (bin_dir / "ps").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real_ps} "$@"\n')
+    (bin_dir / "ps").chmod(0o755)
+    pids = [1, *range(4242420, 4242426)]  # r535-a100x8's processes (only pid 1 exists here)
+    fields = read(tmp_path, "r535-a100x8")[1]  # without the fields that driver rejects
+    query = ",".join(fields)
+    everything = ",".join(map(str, pids))
+    requests = (f"1 {query}\n2 {query} 0 {everything}\n3 {query} 0 1,4242420\n4 {query} 0 1;touch\n"
+                f"{poll_request(5, fields, 0.0, tuple(pids)).decode()}")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "NVSMI_FIXTURE": str(NVSMI_DATA / "r535-a100x8")}
+    out = subprocess.run(["/bin/sh", "-c", remote_loop_command()], input=requests, capture_output=True, text=True,
+                         env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    answers = [out.stdout.split(f"@@end {t}\n")[0].rsplit("@@end ", 1)[-1] for t in range(1, 6)]
+    asked = [line.rsplit("-p ", 1)[-1] for line in log.read_text().splitlines() if "etimes" in line]  # not the fallback
+    assert asked == [everything, ",".join(map(str, pids[2:]))]  # request 1 all, 3 the unnamed; 2 and 5 none
+    assert "@@bad request" in answers[3] and "\n@@gpu\n" not in answers[3]  # a pid list that is not one: no poll
+    first = parse_report(answers[0], fields)
+    assert set(first.ps) == {1} and first.gpus[0].processes[0].user == "root"
+    known = {1: PsRow("ann", "/opt/train.py", 1.5, 10.0, 99.0)}
+    second = parse_report(answers[1], fields, known)
+    assert second.ps == {} and second.gpus[0].processes[0].user == "ann" and second.gpus[0].processes[0].running_s == 99.0
+    assert parse_report(answers[4], fields, known).gpus[0].processes[0].name == "/opt/train.py"

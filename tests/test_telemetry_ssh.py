@@ -17,6 +17,8 @@ from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.sources.hostkeys import SshOptions
 from gputui.sources import pollchannel
+from gputui.monitor.polling import Telemetry
+from gputui.sources import ssh
 from gputui.sources.ssh import SshHost, SshSource
 from tests.proc_support import wait_until
 from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, no_agent, sshd_factory  # noqa: F401
@@ -296,3 +298,41 @@ def test_the_test_sshd_takes_new_ports_when_its_port_was_taken(tmp_path: Path) -
     finally:
         server.stop()
         taken.close()
+
+
+def test_a_process_s_ps_row_is_read_once_then_every_refresh_or_every_poll_for_a_table(
+        sshd_factory: SshdFactory, tmp_path: Path) -> None:
+    """`ps` (a wrapper on the host's PATH that logs each call) runs at the first poll, not at the
+    next ones (the rows are the master's, their ages moved on), again after PS_REFRESH_S, and at
+    every poll while a process table wants fresh rows. The fixture's other pids do not exist
+    here: kept as unknown, they are not looked up at every poll either."""
+    server = sshd_factory("r535-a100x8")
+    log = tmp_path / "ps.log"
+    real_ps = subprocess.run(["sh", "-c", "command -v ps"], capture_output=True, text=True).stdout.strip()
+    wrapper = server.root / "bin" / "ps"
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *etimes*) echo "$*" >> {log};; esac\nexec {real_ps} "$@"\n')
+    wrapper.chmod(0o755)
+    calls = lambda: len(log.read_text().splitlines()) if log.exists() else 0  # noqa: E731
+    clock = Clock()
+    host = SshHost(spec(sshd_factory, server.port), options(tmp_path, server), clock)
+    try:
+        first = host.poll_now()
+        assert first.state == HostState.OK, first.message
+        init = first.gpus[0].processes[0]
+        read = calls()  # one a request: the first poll asks again without the fields this driver rejects
+        assert init.pid == 1 and init.user == "root" and init.running_s is not None and read >= 1
+        clock.now += 3.0
+        again = host.poll_now().gpus[0].processes[0]
+        assert (again.user, again.name, again.running_s) == ("root", init.name, init.running_s + 3.0) and calls() == read
+        clock.now += ssh.PS_REFRESH_S
+        assert host.poll_now().gpus[0].processes[0].user == "root" and calls() == read + 1
+        source = SshSource([spec(sshd_factory, server.port)], options(tmp_path, server))
+        Telemetry(None, source).want_process_sm(True)  # a process table is shown
+        assert [h.fresh_ps for h in source.hosts] == [True]
+        host.fresh_ps = True
+        host.poll_now()
+        host.poll_now()
+        assert calls() == read + 3
+    finally:
+        host.close()
+        server.stop()

@@ -83,9 +83,13 @@ class Telemetry:
                 source.close()
 
     def want_process_sm(self, on: bool) -> None:
-        """Read each local process's SM % (costs 1.7 ms per GPU with processes; for a process table)."""
+        """A process table is shown: read each local process's SM % (costs 1.7 ms per GPU with
+        processes) and each remote process's `ps` row at every poll."""
         if self.local is not None:
             self.local.process_sm = on
+        tell = getattr(self.remote, "want_process_sm", None)
+        if tell is not None:
+            tell(on)
 
     def kill(self, host: str, pid: int, signal_name: str, process: Any = None) -> Any:
         """Signal a process on one of these hosts: a KillResult (gputui.monitor.processes), never an exception."""

@@ -3,7 +3,8 @@
 One `sh` script per poll prints, between `@@` markers: /proc/stat's cpu line before and
 after, /proc/meminfo's totals, `nvidia-smi --query-gpu=...` and `--query-compute-apps=...`
 in CSV (no header, no units) with their exit codes, and `ps` rows (pid, user, CPU %, RSS,
-elapsed seconds, command; `@@ps2`) for the compute processes, or (pid, user, command;
+elapsed seconds, command; `@@ps2`) for the compute processes the master does not already
+know (see poll_request), or (pid, user, command;
 `@@ps`) where that `ps` lacks those columns. Everything is parsed here without I/O, so
 drivers' quirks
 (`[N/A]`, `[Not Supported]`, missing columns, odd spacing, fields an old driver rejects)
@@ -93,7 +94,7 @@ printf '%s\n@@gpu\n' "$o"
 nvidia-smi --query-gpu="$1" --format=csv,noheader,nounits 2>&1; printf '\n@@rc %s\n' $?
 a=$(nvidia-smi --query-compute-apps=APPS --format=csv,noheader,nounits 2>&1); r=$?
 p=
-case $a in *[0-9]*) while IFS=', ' read -r _ i _; do case $i in ''|*[!0-9]*) ;; *) p=$p$i,;; esac; done <<GPUTUI_EOF
+case $a in *[0-9]*) while IFS=', ' read -r _ i _; do case $i in ''|*[!0-9]*) ;; *) case ,$4, in *,$i,*) ;; *) p=$p$i,;; esac;; esac; done <<GPUTUI_EOF
 $a
 GPUTUI_EOF
 esac
@@ -101,7 +102,7 @@ s=
 [ -n "$p" ] && { s=$(ps -o pid=,user:32=,pcpu=,rss=,etimes=,args= -p "${p%,}" 2>/dev/null) ||
   s="@@ps
 $(ps -o pid=,user=,args= -p "${p%,}" 2>/dev/null)"; }
-[ -n "$2" ] && sleep "$2"
+case $2 in ''|0) ;; *) sleep "$2";; esac
 read -r l < /proc/stat
 printf '@@apps\n%s\n@@rc %s\n@@ps2\n%s\n@@stat1 %s\n%s\n' "$a" $r "$s" "$l" "$3"
 }
@@ -126,12 +127,15 @@ def remote_command(gpu_fields: tuple[str, ...]) -> str:
     return "sh -c " + shlex.quote(remote_script(gpu_fields))
 
 
-# The long-lived form: one `sh` per host that answers a request line `TOKEN FIELDS [WAIT]` with the
-# same report followed by `@@end TOKEN`, until its stdin closes. A request that is not a token
-# and a field list gets `@@bad` and no poll. The poll's commands read /dev/null, not the requests.
-_LOOP = r"""while read -r t q w; do
-case $t$q$w in *[!A-Za-z0-9_.,]*|'') printf '@@gputui 1\n@@bad request\n@@end %s\n' "$t";;
-*) gputui_poll "$q" "$w" "@@end $t" </dev/null;; esac
+# The long-lived form: one `sh` per host that answers a request line `TOKEN FIELDS [WAIT [KNOWN]]`
+# with the same report followed by `@@end TOKEN`, until its stdin closes. KNOWN lists the pids
+# whose `ps` row the master already holds (comma-separated): `ps` runs only for the others, and
+# not at all when there are none (on a loopback host `ps` is two thirds of a poll's processes'
+# CPU). A request that is not a token and a field list gets `@@bad` and no poll. The poll's
+# commands read /dev/null, not the requests.
+_LOOP = r"""while read -r t q w k; do
+case $t$q$w$k in *[!A-Za-z0-9_.,]*|'') printf '@@gputui 1\n@@bad request\n@@end %s\n' "$t";;
+*) gputui_poll "$q" "$w" "@@end $t" "$k" </dev/null;; esac
 done
 """
 
@@ -141,10 +145,17 @@ def remote_loop_command() -> str:
     return "sh -c " + shlex.quote(_POLL_FUNCTION + _LOOP)
 
 
-def poll_request(token: int, gpu_fields: tuple[str, ...], wait_s: float = 0.0) -> bytes:
+MAX_KNOWN_PIDS = 64  # pids a request says it knows (the others are looked up again: a bounded line)
+
+
+def poll_request(token: int, gpu_fields: tuple[str, ...], wait_s: float = 0.0, known: tuple[int, ...] = ()) -> bytes:
     """One request to the long-lived poll channel; the answer ends with end_marker(token).
-    With `wait_s`, the poll waits that long before its last /proc/stat reading."""
+    With `wait_s`, the poll waits that long before its last /proc/stat reading; the `ps` rows of
+    the `known` pids are not asked for (at most MAX_KNOWN_PIDS of them are named)."""
     wait = f" {wait_s:.3f}" if wait_s > 0 else ""
+    pids = ",".join(str(int(pid)) for pid in known[:MAX_KNOWN_PIDS] if int(pid) > 0)
+    if pids:
+        wait = (wait or " 0") + " " + pids
     return f"{token:d} {_query(gpu_fields)}{wait}\n".encode()
 
 
@@ -289,6 +300,7 @@ class RemoteReading:
     mem_used_mib: float | None = None
     mem_total_mib: float | None = None
     invalid_fields: tuple[str, ...] = field(default=())  # --query-gpu fields this driver rejects
+    ps: dict[int, PsRow] = field(default_factory=dict)  # the `ps` rows this poll read (not the known ones)
 
 
 def _sections(text: str) -> tuple[dict[str, str], dict[str, int], dict[str, str]]:
@@ -333,8 +345,9 @@ def _smi_failure(body: str, code: int) -> tuple[HostState, str] | None:
     return None
 
 
-def parse_report(text: str, gpu_fields: tuple[str, ...]) -> RemoteReading:
-    """Parse everything the remote script printed."""
+def parse_report(text: str, gpu_fields: tuple[str, ...], known: dict[int, PsRow] | None = None) -> RemoteReading:
+    """Parse everything the remote script printed; `known`: the `ps` rows of the pids the
+    request said it knew (a row read by this poll wins)."""
     bodies, codes, inline = _sections(text)
     used, total = parse_meminfo(bodies.get("meminfo", ""))
     base = RemoteReading(
@@ -362,9 +375,11 @@ def parse_report(text: str, gpu_fields: tuple[str, ...]) -> RemoteReading:
         return replace(base, message="no GPU")
     gpus, driver = parse_gpu_rows(gpu_body, gpu_fields)
     apps_body = bodies.get("apps", "")
+    read: dict[int, PsRow] = {}
     if codes.get("apps", 0) == 0 and not _INVALID_FIELD.search(apps_body):
-        gpus = _attach_processes(gpus, parse_apps(apps_body), _ps_rows(bodies))
-    return replace(base, message=None if gpus else "no GPU", gpus=tuple(gpus), driver=driver)
+        read = _ps_rows(bodies)
+        gpus = _attach_processes(gpus, parse_apps(apps_body), {**(known or {}), **read})
+    return replace(base, message=None if gpus else "no GPU", gpus=tuple(gpus), driver=driver, ps=read)
 
 
 def _attach_processes(

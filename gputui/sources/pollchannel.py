@@ -85,7 +85,8 @@ class PollChannel:
         self._tokens = itertools.count(1)
         self.opened = 0  # channels opened so far
 
-    def ask(self, transport: Any, fields: tuple[str, ...], wait_s: float, timeout: float, max_bytes: int, max_line: int) -> None:
+    def ask(self, transport: Any, fields: tuple[str, ...], wait_s: float, timeout: float, max_bytes: int, max_line: int,
+            known: tuple[int, ...] = ()) -> None:
         """Send one request (opening the channel first if needed), in a pool worker; its answer
         comes to one of the callbacks, within `timeout` seconds. Raises what opening or sending
         raised (the request is then over, and the channel closed)."""
@@ -102,7 +103,7 @@ class PollChannel:
                 self._pending = request
             timed = request
             reader().at(time.monotonic() + timeout, lambda: self._error(timed, CommandTimeout()))
-            channel.sendall(poll_request(request.token, fields, wait_s))
+            channel.sendall(poll_request(request.token, fields, wait_s, known))
         except BaseException:
             self._take(request, keep_channel=False)
             self.close()

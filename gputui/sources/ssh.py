@@ -33,7 +33,7 @@ from gputui.sources import jump
 from gputui.sources.hostkeys import Failure, SshOptions, classify
 from gputui.sources.jump import BastionError, RouteError, resolve
 from gputui.sources.target import Target
-from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, parse_report, remote_command, retry_fields
+from gputui.sources.nvsmi import GPU_FIELDS, OLDER_FIELD_NAMES, PsRow, parse_report, remote_command, retry_fields
 from gputui.sources.pollchannel import Budget, CommandTimeout, OutputTooLarge, PollChannel
 from gputui.sources.sshloop import Pool, pool_sizes, spawn
 
@@ -45,6 +45,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 MIN_CPU_JIFFIES = 5.0  # below this, a CPU % between two /proc/stat readings is noise
 FIRST_SPAN_S = 0.2  # until a host's CPU % is known, a poll waits this long between its /proc/stat readings
 MAX_SPAN_WAITS = 3  # (at most this many polls: a host without /proc/stat never has one)
+PS_REFRESH_S = 10.0  # a compute process's `ps` row (user, command, CPU %, RSS) is read again after this long
 # What one poll may read (stdout and stderr together): nvidia-smi's answer for 16 GPUs and their
 # processes is tens of KiB. A host that says more (a broken or hostile nvidia-smi) is an error
 # for that poll, and its channel is closed rather than read on.
@@ -107,6 +108,9 @@ class SshHost:
         self._round = (time.time(), time.perf_counter())  # when this host's poll started
         self._asks = 0  # requests in this poll (fields rejected by the driver are asked again)
         self._loop_failures = 0  # poll channels in a row that died before answering
+        self._ps: dict[int, tuple[PsRow, float]] = {}  # pid -> its last `ps` row, and when it was read
+        self._asked_ps: dict[int, PsRow] = {}  # the rows the request in flight said it knew
+        self.fresh_ps = False  # every poll reads every process's `ps` row (a process table is shown)
         name = f"gputui-ssh-{spec.name}"
         self._submit: Callable[[Callable[[], None]], None] = lambda job: spawn(job, name)
         self._submit_connect: Callable[[Callable[[], None]], None] = self._submit
@@ -219,6 +223,7 @@ class SshHost:
 
     def _drop(self) -> None:
         in_flight = self._channel.close()
+        self._ps = {}  # a new connection may reach a rebooted host
         client, self._client = self._client, None
         let_go, self._let_go = self._let_go, _nothing
         if client is not None:
@@ -307,14 +312,16 @@ class SshHost:
         try:
             if self._closed:
                 raise EOFError("closed")
-            self._channel.ask(transport, self._fields, wait, self.spec.command_timeout, self.max_bytes, self.max_line)
+            self._asked_ps = self._known_ps()
+            self._channel.ask(transport, self._fields, wait, self.spec.command_timeout, self.max_bytes, self.max_line,
+                              tuple(self._asked_ps))
         except Exception as exc:  # noqa: BLE001 - the channel, or the connection, failed
             self._broken(exc)
 
     def _answered(self, asked: tuple[str, ...], text: str) -> None:
         """The reader thread: the poll channel's answer."""
         self._loop_failures = 0
-        reading = parse_report(text, asked)
+        reading = parse_report(text, asked, self._asked_ps)
         fields = retry_fields(asked, reading.invalid_fields)
         self._asks += 1
         if fields != asked:
@@ -322,8 +329,35 @@ class SshHost:
             if self._asks < len(GPU_FIELDS) + len(OLDER_FIELD_NAMES):
                 self._submit(self._ask)  # the same poll, asked again without the rejected field
                 return
+        self._keep_ps(reading)
         self._use(reading)
         self._end_round()
+
+    def _known_ps(self) -> dict[int, PsRow]:
+        """The `ps` rows a request may say it knows: those read less than PS_REFRESH_S ago (none
+        while `fresh_ps`), each process's running time moved on by the rows' age."""
+        if self.fresh_ps:
+            return {}
+        now = self._clock()
+        return {pid: row if row.running_s is None else replace(row, running_s=row.running_s + max(0.0, now - at))
+                for pid, (row, at) in self._ps.items() if now - at < PS_REFRESH_S}
+
+    def _keep_ps(self, reading: Any) -> None:
+        """Keep the `ps` rows of the processes this poll found: the known rows of those the
+        request named, and (stamped now) what it read of the others; a pid `ps` did not find (a
+        process in another container, or one that just ended) is kept as unknown, so it is not
+        looked up at every poll. A pid gone from the GPUs is forgotten."""
+        there = {proc.pid for gpu in reading.gpus for proc in gpu.processes}
+        now = self._clock()
+        kept = {}
+        for pid in there:
+            if pid in reading.ps:
+                kept[pid] = (reading.ps[pid], now)
+            elif pid in self._asked_ps and pid in self._ps:
+                kept[pid] = self._ps[pid]
+            else:
+                kept[pid] = (PsRow(None, None), now)
+        self._ps = kept
 
     def _failed(self, exc: Exception) -> None:
         """No usable answer (too long, or too late): the poll channel is closed, the connection kept."""
@@ -458,6 +492,12 @@ class SshSource:
         self.last_round_cpu_s = time.process_time() - cpu0
         self.last_round_hosts = started
         return [host.snapshot for host in self.hosts]
+
+    def want_process_sm(self, on: bool) -> None:
+        """A process table is shown: every poll reads each process's `ps` row (CPU %, RSS)
+        instead of every PS_REFRESH_S."""
+        for host in self.hosts:
+            host.fresh_ps = on
 
     def close(self) -> None:
         for host in self.hosts:
