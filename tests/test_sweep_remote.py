@@ -228,13 +228,28 @@ def test_a_remote_worker_killed_mid_trial_hands_its_checkpoint_back_and_the_retr
 
     server = cluster_nodes.node(2)
     trust(gputui_home, server)
-    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 4\ncheckpoint_every_s = 0\n\n'
-            f'{host_table(server, cluster_nodes.user_key, "n2")}\n'
+    from gputui.sweep.remote import SSHHandle
+
+    text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 4\nbatch_size = 512\n'
+            f'checkpoint_every_s = 0\n\n{host_table(server, cluster_nodes.user_key, "n2")}\n'
             '[sweep]\nname = "ck"\ntrials = 3\nthreads = 1\npruner = "none"\nlr = [1e-3, 3e-2]\n')
     profile, spec = parse_text(text, tmp_path / "ck.toml")
     ssh = remote_slots(profile, spec)
     sim = SimSlot("sim")
     assert server.home is not None
+    # The host's first worker waits in its trial's second epoch (8 steps an epoch: 4,096 images
+    # at 512) until it is killed, so it can never have sent its trial's result before the kill
+    # below, however busy the master; the workers after it run freely.
+    started: list[SSHHandle] = []
+    real_init = SSHHandle.__init__
+
+    def init(handle: SSHHandle, host: Any, argv: Any, env: dict[str, str], *rest: Any, **more: Any) -> None:
+        if not started:
+            env = {**env, "GPUTUI_TEST_PAUSE_AT_STEP": "10"}
+        started.append(handle)
+        real_init(handle, host, argv, env, *rest, **more)
+
+    monkeypatch.setattr(SSHHandle, "__init__", init)
     killer = KillAtFirstEpoch(monkeypatch, server.home)
     view = DropOnFirstEval(server, "(no slot: the host stays)")
     study = studies.create(spec)
