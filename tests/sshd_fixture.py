@@ -25,6 +25,14 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 NVSMI_DATA = Path(__file__).resolve().parent / "data" / "nvsmi"
 
 
+def logging_ps(bin_dir: Path, log: Path) -> None:
+    """A `ps` in `bin_dir` that appends to `log` the arguments of each call asking for the poll's
+    full columns (not its plain fallback), then runs the real `ps`."""
+    real = shutil.which("ps") or "/bin/ps"
+    (bin_dir / "ps").write_text(f'#!/bin/sh\ncase "$*" in *etimes*) echo "$*" >> {log};; esac\nexec {real} "$@"\n')
+    (bin_dir / "ps").chmod(0o755)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

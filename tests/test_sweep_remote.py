@@ -224,12 +224,10 @@ class KillAtFirstEpoch:
 def test_a_remote_worker_killed_mid_trial_hands_its_checkpoint_back_and_the_retry_resumes_from_it(
         cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputui.sweep.remote import remote_slots
+    from gputui.sweep.remote import SSHHandle, remote_slots
 
     server = cluster_nodes.node(2)
     trust(gputui_home, server)
-    from gputui.sweep.remote import SSHHandle
-
     text = (f'[run]\nmodel = "fast"\ndevice = "cpu"\ndata = "{medium_data}"\nepochs = 4\nbatch_size = 512\n'
             f'checkpoint_every_s = 0\n\n{host_table(server, cluster_nodes.user_key, "n2")}\n'
             '[sweep]\nname = "ck"\ntrials = 3\nthreads = 1\npruner = "none"\nlr = [1e-3, 3e-2]\n')

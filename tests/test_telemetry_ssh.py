@@ -21,7 +21,7 @@ from gputui.monitor.polling import Telemetry
 from gputui.sources import ssh
 from gputui.sources.ssh import SshHost, SshSource
 from tests.proc_support import wait_until
-from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, no_agent, sshd_factory  # noqa: F401
+from tests.sshd_fixture import Sshd, SshdFactory, free_port, keygen, logging_ps, no_agent, sshd_factory  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_agent")
 
@@ -308,10 +308,7 @@ def test_a_process_s_ps_row_is_read_once_then_every_refresh_or_every_poll_for_a_
     here: kept as unknown, they are not looked up at every poll either."""
     server = sshd_factory("r535-a100x8")
     log = tmp_path / "ps.log"
-    real_ps = subprocess.run(["sh", "-c", "command -v ps"], capture_output=True, text=True).stdout.strip()
-    wrapper = server.root / "bin" / "ps"
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *etimes*) echo "$*" >> {log};; esac\nexec {real_ps} "$@"\n')
-    wrapper.chmod(0o755)
+    logging_ps(server.root / "bin", log)
     calls = lambda: len(log.read_text().splitlines()) if log.exists() else 0  # noqa: E731
     clock = Clock()
     host = SshHost(spec(sshd_factory, server.port), options(tmp_path, server), clock)
