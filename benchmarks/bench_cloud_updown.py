@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 import urllib.request
@@ -88,6 +89,7 @@ def updown(repeat: int) -> list[tuple[float, float]]:
         time.sleep(1.5)  # let each run's background guard see the slaves gone and leave
     finally:
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)  # nothing left in the temporary directory
     return results
 
 

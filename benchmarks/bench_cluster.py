@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -142,6 +143,7 @@ def main() -> int:
         return 0
     finally:
         nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)  # nothing left in the temporary directory
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -103,6 +104,7 @@ def main() -> int:
         return 0
     finally:
         nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)  # nothing left in the temporary directory
 
 
 if __name__ == "__main__":

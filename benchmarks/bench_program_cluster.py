@@ -31,6 +31,7 @@ import argparse
 import os
 import statistics
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -267,6 +268,7 @@ def main() -> int:
         return 0
     finally:
         nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)  # nothing left in the temporary directory
 
 
 if __name__ == "__main__":

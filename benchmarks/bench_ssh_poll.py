@@ -23,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -154,6 +155,7 @@ def main() -> int:
             source.close()
         dead.close()
         factory.stop()
+        shutil.rmtree(root, ignore_errors=True)  # nothing left in the temporary directory
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import argparse
 import socket
 import statistics
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -93,6 +94,7 @@ def main() -> int:
     finally:
         silent.close()
         factory.stop()
+        shutil.rmtree(root, ignore_errors=True)  # nothing left in the temporary directory
 
     worst_ok = True
     for name, values in times.items():
