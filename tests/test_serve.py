@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -198,12 +199,16 @@ class Chromium:
         self.profile_dir = profile_dir
         self.log = profile_dir.with_suffix(".log")
         self.log_file = self.log.open("wb")
+        # Its own TMPDIR (short: a Unix socket goes in it), removed at close: a terminated Chromium
+        # leaves its org.chromium.Chromium.* singleton directory behind.
+        self.temp = Path(tempfile.mkdtemp(prefix="gputui-chromium-"))
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
              "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",
              "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--remote-debugging-port=0",
              f"--user-data-dir={profile_dir}", "--window-size=1600,1000", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=self.log_file, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=self.log_file, start_new_session=True,
+            env={**os.environ, "TMPDIR": str(self.temp)})
         self.sockets: list[Any] = []
 
     async def start(self) -> None:
@@ -245,6 +250,7 @@ class Chromium:
             self.proc.kill()
             self.proc.wait(10)
         self.log_file.close()
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def in_browser(tmp_path: Path, serve: Serve, scenario: Callable[[Chromium], Awaitable[None]]) -> list[str]:
