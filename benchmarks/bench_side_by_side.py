@@ -21,6 +21,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import shutil
 import sys
 import tempfile
 import threading
@@ -64,8 +65,14 @@ def start_dashboard(tree: Path, hosts: int, gpus: int) -> tuple[Callable[[], Non
     sys.path.insert(0, str(HERE))
     import bench_dashboard_cpu
 
-    tmux, proc = bench_dashboard_cpu.start_dashboard(Path(tempfile.mkdtemp()), hosts, gpus, repo=tree)
-    return tmux.kill, proc
+    home = Path(tempfile.mkdtemp(prefix="gputui-bench-dashboard-"))
+    tmux, proc = bench_dashboard_cpu.start_dashboard(home, hosts, gpus, repo=tree)
+
+    def stop() -> None:
+        tmux.kill()
+        shutil.rmtree(home, ignore_errors=True)
+
+    return stop, proc
 
 
 def cpu_s(proc: psutil.Process) -> float:

@@ -110,7 +110,7 @@ def nvml_sampler(into: list[float], stop: threading.Event) -> None:
 
 
 ANCHOR = r'''
-import json, sys, time, tempfile
+import json, shutil, sys, time, tempfile
 from pathlib import Path
 t_start = time.perf_counter()
 import optuna, torch
@@ -134,8 +134,11 @@ def objective(trial):
     return trainer.last_acc
 study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, constant_liar=True))
 t0 = time.perf_counter()
-study.optimize(objective, n_trials=trials)
-t1 = time.perf_counter()
+try:
+    study.optimize(objective, n_trials=trials)
+    t1 = time.perf_counter()
+finally:
+    shutil.rmtree(root, ignore_errors=True)
 print(json.dumps({"optimize_s": t1 - t0, "total_s": t1 - t_start, "best": study.best_value}))
 '''
 
