@@ -12,13 +12,15 @@ averages the gradients. What changes for gputui against the plain example:
 - rank 0 alone writes the checkpoint; every rank reads it on a resume;
 - `report.should_stop()` may turn True on one rank a step before another, so the ranks agree
   (an all_reduce of the flag each step) and all stop at the same step: none is left waiting in
-  a collective that the others never join.
+  a collective that the others never join;
+- a rank that was in a group ends with os._exit once everything is written (see the end of main).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -136,6 +138,13 @@ def main() -> int:
         stopped = agree_to_stop(report.should_stop(), device)
     if dist.is_initialized():
         dist.destroy_process_group()
+        # torch's gloo threads outlive the group (DDP keeps it), and one may still be releasing the
+        # last all_reduce's tensors as Python shuts down: the process then aborts with SIGABRT,
+        # "terminate called without an active exception" (pytorch/pytorch#190489). Everything is
+        # written by now (the checkpoint behind a barrier): leave without Python's teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

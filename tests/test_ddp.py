@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,44 @@ def test_ddp_batch_must_split_evenly(small_data: Path, tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "does not split evenly over 2 ddp processes" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# A rank ends without Python's interpreter teardown (gputui.train.distributed.exit_rank): torch's
+# gloo threads, which outlive the group, could otherwise abort a finished rank with SIGABRT as they
+# release the last collective's tensors (pytorch/pytorch#190489). The race itself cannot be forced
+# here; what can: the exit skips teardown (an atexit hook never runs), flushes what was printed,
+# and both rank entry points end through it.
+_ATEXIT = ("import atexit, sys\n"
+           "marker = sys.argv[1]\n"
+           "atexit.register(lambda: open(marker, 'w').write('teardown ran'))\n")
+
+
+def _run_python(code: str, marker: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _ATEXIT + code, str(marker), *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_exit_rank_flushes_what_was_printed_and_skips_python_teardown(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    done = _run_python("print('half a line', end='')\nprint('to stderr', end='', file=sys.stderr)\n"
+                       "from gputui.train.distributed import exit_rank\nexit_rank(3)\n", marker)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "half a line", "to stderr")
+    assert not marker.exists()
+    # The hook itself works: a plain exit runs it.
+    plain = _run_python("raise SystemExit(3)\n", marker)
+    assert plain.returncode == 3 and marker.read_text() == "teardown ran"
+
+
+@pytest.mark.parametrize("module, flag", [("gputui.train.distributed", "--run-dir"),
+                                          ("gputui.cluster.worker", "--gputui-run-dir")])
+def test_each_rank_entry_point_ends_through_exit_rank(module: str, flag: str, tmp_path: Path) -> None:
+    marker, run_dir = tmp_path / "marker", tmp_path / "run"
+    run_dir.mkdir()  # no profile in it: the rank says so and ends with the error's code
+    extra = ["--gputui-node", "n0"] if module == "gputui.cluster.worker" else []
+    done = _run_python("import runpy\nsys.argv = sys.argv[1:]\n"
+                       f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n",
+                       marker, flag, str(run_dir), *extra,
+                       env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "GPUTUI_HOME": str(tmp_path / "home")})
+    assert done.returncode not in (0, 1), done.stderr  # the error's own code, not a traceback's
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not marker.exists(), done.stderr

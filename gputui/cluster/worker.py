@@ -203,4 +203,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from gputui.train.distributed import exit_rank
+
+    exit_rank(main())

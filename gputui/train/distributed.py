@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
@@ -228,6 +228,21 @@ def leave_group() -> None:
         tdist.destroy_process_group()
 
 
+def exit_rank(code: int) -> NoReturn:
+    """End a rank's process, once its group is left and its files closed, without Python's
+    interpreter teardown. torch's gloo worker threads outlive `destroy_process_group` (DDP keeps the
+    group), and one may still be releasing the last collective's tensors as Python finalizes: it then
+    needs the GIL and aborts the whole process (SIGABRT, "terminate called without an active
+    exception", pytorch/pytorch#190489): a finished run reported as failed, about one in 40 beside
+    two CPU hogs here. os._exit skips that teardown; nothing is lost (stdout flushed here)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone: nothing left to say to it
+            pass
+    os._exit(code)
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """One torchrun rank: train the run in --run-dir; rank 0 writes events and checkpoints."""
     parser = argparse.ArgumentParser(prog="gputui-ddp-worker")
@@ -273,4 +288,4 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(worker_main())
+    exit_rank(worker_main())
