@@ -13,7 +13,11 @@ import torch
 from .conftest import json_lines, run_cli
 
 
-def test_single_and_ddp_on_two_cpu_processes_agree(small_data: Path, tmp_path: Path) -> None:
+def test_single_and_ddp_on_two_cpu_processes_agree(small_data: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # what the runs leave in it: nothing
     common = ["run", "--json", "--data", str(small_data), "--epochs", "1", "--batch-size", "64",
               "--seed", "3", "--device", "cpu"]
     single = run_cli(*common, "--threads", "1", "--run-dir", str(tmp_path / "single"))
@@ -21,6 +25,9 @@ def test_single_and_ddp_on_two_cpu_processes_agree(small_data: Path, tmp_path: P
     ddp = run_cli(*common, "--strategy", "ddp", "--nproc", "2", "--run-dir", str(tmp_path / "ddp"))
     assert ddp.returncode == 0, ddp.stderr + (tmp_path / "ddp" / "launcher.log").read_text()
 
+    # torchrun's per-rank directories (a torchelastic_* each launch) went with it; torch's own cache
+    # (torchinductor_USER, one for all runs) may stay.
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
     events = json_lines(ddp.stdout)  # the launcher shows rank 0's events, nothing else
     assert events[0]["event"] == "start"
     assert events[0]["strategy"] == "ddp" and events[0]["world_size"] == 2

@@ -24,8 +24,10 @@ tested both ways, rather than a second (FileStore) one.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from datetime import timedelta
 from typing import Sequence
 
@@ -121,15 +123,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ[TOKEN_ENV] = token  # the workers key their own store with it (gputui.train.rdzv.worker_store)
     rendezvous_handler_registry.register(BACKEND, create_handler)
-    args = list(sys.argv[1:] if argv is None else argv)
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    # torchrun's per-rank directories (error files; logs when redirected): without --log-dir it
+    # makes them in a torchelastic_* directory of its own in $TMPDIR and leaves it there, one a
+    # launch. This one goes when torchrun ends (gputui passes no --log-dir of its own).
+    log_dir = tempfile.mkdtemp(prefix="gputui-torchrun-")
+    args = [f"--log-dir={log_dir}", *(sys.argv[1:] if argv is None else argv)]
     try:
         torchrun.main(args)
     except SystemExit as exc:  # torchrun's @record ends with sys.exit(1) on a failed worker
         return exc.code if isinstance(exc.code, int) else 1
     except SignalException as exc:  # stopped (SIGTERM from gputui): its workers got it too; no traceback
         return 128 + int(getattr(exc, "sigval", 15))
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return 0
 
 
