@@ -107,6 +107,25 @@ def test_the_launcher_without_its_token_says_so_in_one_line(tmp_path: Path) -> N
         "gputui launcher: no rendezvous token (GPUTUI_RDZV_TOKEN or GPUTUI_RDZV_TOKEN_FILE): start the run with gputui"]
 
 
+def test_the_launcher_that_cannot_make_its_directory_says_so_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+    import tempfile
+
+    from gputui.train import launch
+    from gputui.train.rdzv import TOKEN_ENV, new_token
+
+    def full(*_a: object, **_k: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv(TOKEN_ENV, new_token())
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    assert launch.main(["--nnodes=1", "-m", "json.tool"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gputui launcher: cannot make torchrun's directory in {tempfile.gettempdir()}: No space left on device; "
+        "free space there or point TMPDIR elsewhere"]
+
+
 @pytest.fixture(scope="module")
 def node(cluster_nodes: ClusterNodes) -> Sshd:
     return cluster_nodes.node(0)

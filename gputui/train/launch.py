@@ -128,7 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torchrun's per-rank directories (error files; logs when redirected): without --log-dir it
     # makes them in a torchelastic_* directory of its own in $TMPDIR and leaves it there, one a
     # launch. This one goes when torchrun ends (gputui passes no --log-dir of its own).
-    log_dir = tempfile.mkdtemp(prefix="gputui-torchrun-")
+    try:
+        log_dir = tempfile.mkdtemp(prefix="gputui-torchrun-")
+    except OSError as exc:
+        print(f"gputui launcher: cannot make torchrun's directory in {tempfile.gettempdir()}: "
+              f"{exc.strerror or exc}; free space there or point TMPDIR elsewhere", file=sys.stderr)
+        return 2
     args = [f"--log-dir={log_dir}", *(sys.argv[1:] if argv is None else argv)]
     try:
         torchrun.main(args)
