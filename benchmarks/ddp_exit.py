@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "mnist_ddp.py"
 ARGS = ["--data", str(REPO / "assets" / "mnist"), "--limit", "512", "--test-limit", "256", "--epochs", "1",
         "--log-every", "2", "--seed", "1", "--lr", "0.01", "--batch-size", "32"]
-LAUNCH_S = 300
+LAUNCH_S = 180  # a launch takes 10-20 s here; one that passes this hangs (killed, counted as failed)
 
 
 def free_port() -> int:
@@ -37,33 +38,56 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """torchrun and its workers (each in a session of its own)."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for each in tree:
+        try:
+            each.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def launch(code_dir: Path, work: Path) -> tuple[bool, str]:
-    """One two-node run; (whether both nodes exited 0, the last line of a failed node)."""
+    """One two-node run; (whether both nodes exited 0, the last line of a failed node). A node
+    still there after LAUNCH_S (a hang) is killed with its workers and counted as failed."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TMPDIR": str(work)}  # torchrun's dirs too
-    procs = []
-    for rank in (0, 1):
-        log = (work / f"node{rank}.log").open("wb")
-        procs.append((subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "mnist_ddp.py", *ARGS],
-            cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    procs: list[subprocess.Popen[bytes]] = []
+    codes: list[int] = []
+    deadline = time.monotonic() + LAUNCH_S
+    try:
+        for rank in (0, 1):
+            with (work / f"node{rank}.log").open("wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+                     "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                     "mnist_ddp.py", *ARGS],
+                    cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT))
+        for proc in procs:
+            try:
+                codes.append(proc.wait(max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)
+                codes.append(proc.wait())
+    finally:  # also when the benchmark is stopped: no node or worker outlives it
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)
+                proc.wait()
     said = ""
-    ok = True
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            code = proc.wait(LAUNCH_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        log.close()
+    for rank, code in enumerate(codes):
         if code != 0:
-            ok = False
             lines = [ln for ln in (work / f"node{rank}.log").read_text(errors="replace").splitlines()
                      if ln.strip() and not ln.startswith(("frame #", " "))]
             said = said or f"node {rank} exit {code}: " + next((ln for ln in lines if "terminate" in ln or "Error" in ln),
                                                            lines[-1] if lines else "no output")[:160]
-    return ok, said
+    return all(code == 0 for code in codes), said
 
 
 def main() -> int:
@@ -84,8 +108,10 @@ def main() -> int:
         dirs[name].mkdir()
         shutil.copy(example, dirs[name] / "mnist_ddp.py")
         shutil.copy(REPO / "examples" / "mnist_plain.py", dirs[name] / "mnist_plain.py")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cleanup below runs when stopped
     hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(args.hogs)]
     failed: dict[str, list[str]] = {name: [] for name in sides}
+    done = dict.fromkeys(sides, 0)
     print(f"{args.runs} two-node launches of each of {', '.join(f'{n} = {p}' for n, p in sides.items())}; "
           f"{args.hogs} CPU hogs; load {os.getloadavg()[0]:.2f}", flush=True)
     t0 = time.monotonic()
@@ -93,16 +119,18 @@ def main() -> int:
         for i in range(args.runs):
             for name in (sides if i % 2 == 0 else reversed(list(sides))):
                 ok, said = launch(dirs[name], root)
+                done[name] += 1
                 if not ok:
                     failed[name].append(said)
                     print(f"  run {i + 1} ({name}): {said}", flush=True)
+            print(f"  {i + 1} of {args.runs}: " + ", ".join(f"{n} {len(failed[n])} failed" for n in sides), flush=True)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
         shutil.rmtree(root, ignore_errors=True)
     for name in sides:
-        print(f"{name}: {len(failed[name])} of {args.runs} launches failed")
+        print(f"{name}: {len(failed[name])} of {done[name]} launches failed")
     print(f"{time.monotonic() - t0:.0f} s; load after {os.getloadavg()[0]:.2f}")
     return 1 if failed["this"] else 0
 
