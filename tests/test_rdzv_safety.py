@@ -126,6 +126,27 @@ def test_the_launcher_that_cannot_make_its_directory_says_so_in_one_line(
         "free space there or point TMPDIR elsewhere"]
 
 
+def test_a_launch_removes_the_torchrun_directories_killed_launchers_left_and_nothing_else(tmp_path: Path) -> None:
+    from gputui.train.launch import LOG_DIR_PREFIX, sweep_log_dirs
+
+    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process has this pid
+    dead = tmp_path / f"{LOG_DIR_PREFIX}{gone}-abc"
+    (dead / "run_0" / "attempt_0" / "0").mkdir(parents=True)
+    live = tmp_path / f"{LOG_DIR_PREFIX}{os.getpid()}-def"  # a launcher still running
+    live.mkdir()
+    target = tmp_path / "someone-elses"
+    (target / "keep").mkdir(parents=True)
+    link = tmp_path / f"{LOG_DIR_PREFIX}{gone}-link"  # planted: a link is never followed or removed
+    link.symlink_to(target)
+    odd = tmp_path / f"{LOG_DIR_PREFIX}notapid-x"
+    odd.mkdir()
+    other = tmp_path / f"torchelastic_{gone}"  # not gputui's
+    other.mkdir()
+    sweep_log_dirs(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, target.name, link.name, odd.name, other.name])
+    assert (target / "keep").is_dir()
+
+
 @pytest.fixture(scope="module")
 def node(cluster_nodes: ClusterNodes) -> Sshd:
     return cluster_nodes.node(0)

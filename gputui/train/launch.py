@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from datetime import timedelta
@@ -111,6 +112,39 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     return StaticRendezvous(host, port, rank, params.max_nodes, params.run_id, token, timeout, params.local_addr)
 
 
+LOG_DIR_PREFIX = "gputui-torchrun-"  # then the launcher's pid, "-", mkdtemp's random part
+
+
+def sweep_log_dirs(tmp: str) -> None:
+    """Remove the torchrun directories that killed launchers of this account left in `tmp` (the
+    supervisor kills a launcher left alone after its workers): a directory of ours, not a link,
+    named for a process that is gone. Another account's entries, and live launchers', stay."""
+    uid = os.getuid()
+    try:
+        entries = [e for e in os.scandir(tmp) if e.name.startswith(LOG_DIR_PREFIX)]
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(LOG_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or _alive(int(pid)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another account's process (or not a pid): leave it be
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """torchrun's main with the `gputui` backend registered; one line on stderr when the
     rendezvous cannot be set up (no token, bad arguments)."""
@@ -127,9 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # torchrun's per-rank directories (error files; logs when redirected): without --log-dir it
     # makes them in a torchelastic_* directory of its own in $TMPDIR and leaves it there, one a
-    # launch. This one goes when torchrun ends (gputui passes no --log-dir of its own).
+    # launch. This one goes when torchrun ends (gputui passes no --log-dir of its own), or at the
+    # next launch when this launcher was killed.
     try:
-        log_dir = tempfile.mkdtemp(prefix="gputui-torchrun-")
+        sweep_log_dirs(tempfile.gettempdir())
+        log_dir = tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{os.getpid()}-")
     except OSError as exc:
         print(f"gputui launcher: cannot make torchrun's directory in {tempfile.gettempdir()}: "
               f"{exc.strerror or exc}; free space there or point TMPDIR elsewhere", file=sys.stderr)
