@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading

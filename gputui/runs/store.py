@@ -66,11 +66,11 @@ def process_start(pid: int) -> str | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether the process exists and has not ended (a zombie has)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or a number no pid can be
         return False
     except PermissionError:
         pass  # another user's: it exists
@@ -133,7 +133,7 @@ def live_process(run: RunDir) -> RunProcess | None:
     """The run's process if it is alive (and is the one that wrote run.pid, not a later process
     with the same pid), else None."""
     known = read_pid(run)
-    if known is None or not _alive(known.pid):
+    if known is None or not process_alive(known.pid):
         return None
     if known.start is not None:
         now = process_start(known.pid)

@@ -42,6 +42,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from gputui.runs.store import process_alive
 from gputui.train.rdzv import BACKEND, TOKEN_ENV, read_token, token_prefix, workers_port
 
 DEFAULT_TIMEOUT_S = 600
@@ -130,19 +131,9 @@ def sweep_log_dirs(tmp: str) -> None:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or _alive(int(pid)):
+        if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or process_alive(int(pid)):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another account's process (or not a pid): leave it be
-    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
