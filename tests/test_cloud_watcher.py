@@ -166,7 +166,7 @@ def test_unreachable_metadata_is_said_once_and_polling_goes_on(tmp_path: Path) -
     pid = os.getpid()
     stop_after = iter([True, True, True, False])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(watcher, "alive", lambda p: next(stop_after))
+        mp.setattr(watcher, "process_alive", lambda p: next(stop_after))
         assert watcher.watch(pid, client, interval_s=5, sleep=sleeps.append, say=said.append) is None
     assert len(said) == 1 and "not reachable" in said[0] and sleeps == [5, 5, 5]
 
@@ -238,3 +238,23 @@ def test_remote_checkpoint_without_gputui_fails_clearly(tmp_path: Path) -> None:
     result = subprocess.run(["/bin/sh", "-c", REMOTE_CHECKPOINT], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 3
     assert "gputui is not installed on this slave" in result.stderr
+
+
+@pytest.mark.parametrize("pid", ["0", "-3", str(2**64), str(int(Path("/proc/sys/kernel/pid_max").read_text()) + 1)])
+def test_watching_a_pid_no_process_has_is_one_line_and_exit_2(pid: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A number past any pid used to end in OverflowError's traceback; a gone one in the same line as 0."""
+    assert watcher.main(["--pid", pid, "--imds", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == f"gputui watcher: no process {pid}\n"
+
+
+def test_a_zombie_or_a_reused_pid_is_not_signalled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoint_all asks gputui.model.pids: a registered pid whose start time changed (reused) is
+    dropped, not signalled; the registry entry of a live, unchanged one is kept and signalled."""
+    monkeypatch.setenv("GPUTUI_HOME", str(tmp_path / "data"))
+    sent: list[int] = []
+    monkeypatch.setattr(watcher.os, "kill", lambda pid, sig: sent.append(pid) if sig else None)
+    mine = watcher.register(os.getpid())
+    reused = watcher.registry() / "1"
+    reused.write_text("not-its-start", encoding="ascii")
+    assert watcher.checkpoint_all() == [os.getpid()] and sent == [os.getpid()]
+    assert mine.exists() and not reused.exists()

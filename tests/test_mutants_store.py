@@ -16,9 +16,11 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from gputui.model.errors import UserError
+from gputui.model import pids
+from gputui.model.pids import process_start
 from gputui.runs import store
 from gputui.runs.store import (EventLines, EventLog, RunDir, RunProcess, clear_pid, find, iter_events, live_process,
-                               live_runs, process_start, read_pid, run_dirs, write_pid, written, written_files)
+                               live_runs, read_pid, run_dirs, write_pid, written, written_files)
 
 
 def dead_pid() -> int:
@@ -49,7 +51,7 @@ def fake_stat(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[int,
             return real_open(stand_in, *args, **kwargs)
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(store, "open", fake_open, raising=False)
+    monkeypatch.setattr(pids, "open", fake_open, raising=False)  # /proc/PID/stat is read there
 
     def set_stat(pid: int, text: str | bytes | None) -> None:
         texts[f"/proc/{pid}/stat"] = text
@@ -84,7 +86,7 @@ def test_a_process_whose_name_is_not_ascii_still_has_its_start_time_and_state(tm
 
 def test_asking_whether_a_run_lives_sends_it_no_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[tuple[int, int]] = []
-    monkeypatch.setattr(store.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(pids.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     run = run_in(tmp_path)
     write_pid(run, os.getpid())
     assert live_process(run) is not None
@@ -230,7 +232,7 @@ def test_another_users_process_exists(tmp_path: Path, monkeypatch: pytest.Monkey
     def kill(pid: int, sig: int) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(store.os, "kill", kill)
+    monkeypatch.setattr(pids.os, "kill", kill)
     run = run_in(tmp_path)
     pid = dead_pid()
     run.pidfile.write_text(f"{pid}\n4242\n", encoding="utf-8")

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from gputui.model import outside
 from gputui.model.paths import data_home
+from gputui.model.pids import process_alive, process_start
 
 IMDS_URL = "http://169.254.169.254"
 TOKEN_TTL_S = 21600
@@ -84,32 +85,10 @@ def registry() -> Path:
     return data_home() / "watched"
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (Linux), to tell a pid from a later reuse of it."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, finished but not yet reaped by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def register(pid: int) -> Path:
     path = registry() / str(pid)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_start_time(pid) or "", encoding="ascii")
+    path.write_text(process_start(pid) or "", encoding="ascii")
     return path
 
 
@@ -122,7 +101,7 @@ def checkpoint_all(say: Callable[[str], None] = lambda m: None) -> list[int]:
         except ValueError:
             continue
         recorded = entry.read_text(encoding="ascii").strip()
-        if not alive(pid) or (recorded and recorded != _start_time(pid)):
+        if not process_alive(pid) or (recorded and recorded != process_start(pid)):
             entry.unlink(missing_ok=True)
             continue
         os.kill(pid, signal.SIGTERM)
@@ -137,7 +116,7 @@ def watch(pid: int, imds: Imds, interval_s: float = 5.0, sleep: Callable[[float]
     entry = register(pid)
     unreachable = False
     try:
-        while alive(pid):
+        while process_alive(pid):
             try:
                 notice = imds.instance_action()
             except (OSError, ValueError) as exc:
@@ -174,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint_all:
         checkpoint_all(say)
         return 0
-    if args.pid <= 0 or not alive(args.pid):
+    if args.pid <= 0 or not process_alive(args.pid):
         say(f"gputui watcher: no process {args.pid}")
         return 2
     if not args.interval > 0:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator
 from gputui.model.errors import GputuiError, UserError
 from gputui.model import outside
 from gputui.model.paths import private_dir, private_opener, runs_home
+from gputui.model.pids import process_alive, process_start
 
 PROFILE = "profile.toml"
 EVENTS = "events.jsonl"
@@ -54,33 +55,6 @@ class RunDir:
 
 
 # -- which process a run is ------------------------------------------------------------------------
-
-def process_start(pid: int) -> str | None:
-    """The process's start time as /proc gives it (clock ticks since boot), to tell it from a
-    later process that reuses its pid; None where that cannot be read (no /proc, gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            stat = fh.read()
-        return stat[stat.rindex(")") + 2:].split()[19]
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def process_alive(pid: int) -> bool:
-    """Whether the process exists and has not ended (a zombie has)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # gone, or a number no pid can be
-        return False
-    except PermissionError:
-        pass  # another user's: it exists
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            stat = fh.read()
-        return stat[stat.rindex(")") + 2:].split()[0] != "Z"
-    except (OSError, ValueError, IndexError):
-        return True  # no /proc to ask: os.kill said it exists
-
 
 @dataclass(frozen=True)
 class RunProcess:

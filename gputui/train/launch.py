@@ -42,7 +42,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from gputui.runs.store import process_alive
+from gputui.model.pids import process_alive
 from gputui.train.rdzv import BACKEND, TOKEN_ENV, read_token, token_prefix, workers_port
 
 DEFAULT_TIMEOUT_S = 600
