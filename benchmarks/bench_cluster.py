@@ -131,7 +131,7 @@ def main() -> int:
         script = root / "allreduce.py"
         script.write_text(ALLREDUCE)
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                               str(script), json.dumps(sizes)], capture_output=True, text=True, timeout=300,
+                               f"--log-dir={root / 'torchrun'}", str(script), json.dumps(sizes)], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
         found = json.loads(next(line[2:] for line in done.stdout.splitlines() if line.startswith("@@")))
         for name, n in sizes.items():

@@ -72,6 +72,7 @@ def test_runs_of_one_folder_name_never_share_a_slave_checkpoint(
 def worker(run_dir: Path, *extra: str) -> list[dict[str, Any]]:
     """gputui.cluster.worker as one torchrun rank on this machine; its events."""
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                          f"--log-dir={run_dir.parent / 'torchrun-logs'}",  # not a torchelastic_* left in /tmp
                           "-m", "gputui.cluster.worker", "--gputui-run-dir", str(run_dir), "--gputui-node", "here", *extra],
                          capture_output=True, text=True, timeout=240, env=cli_env(OMP_NUM_THREADS="1"))
     assert out.returncode == 0, out.stderr[-3000:]

@@ -27,9 +27,9 @@ from gputui.cloud.context import CloudContext
 from gputui.cloud.pricing import PriceBook
 from gputui.cloud.settings import CloudSettings, load_cloud_settings
 from gputui.cloud.sim import SimProvider, SimScript
-from gputui.cloud.watcher import alive
 from gputui.model.cloud import InstanceInfo
 from gputui.model.paths import data_home
+from gputui.model.pids import process_alive
 
 from .conftest import cli_env
 from .moto_fixture import (DUMMY_KEY_ID, DUMMY_SECRET, DUMMY_TOKEN, REGION, Aws, aws,  # noqa: F401
@@ -253,7 +253,7 @@ def kill_master(command: int, guard: int) -> None:
         os.waitpid(command, 0)
     except ChildProcessError:
         pass
-    wait_until(lambda: not alive(guard), 30, "the SIGKILLed guard to be gone")
+    wait_until(lambda: not process_alive(guard), 30, "the SIGKILLed guard to be gone")
 
 
 @pytest.fixture
