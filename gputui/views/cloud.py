@@ -24,15 +24,20 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
 
     from gputui.views.progress import table_width
 
-    table = Table(title=Text(clean(title), style="table.title"), title_justify="left", caption_justify="left",
-                  caption=None if caption is None else Text(clean(caption), style="table.caption"))
+    # The title and caption are lines of their own: inside the table rich wraps them to its width
+    # (a narrow table split "Runs in DIR" over lines) and pads them with spaces to it.
+    table = Table()
     for column in columns:
         table.add_column(column, justify="right" if column.startswith(("$", "cost", "saving", "up")) else "left",
                          no_wrap=True)
     for row in rows:
         table.add_row(*(Text(clean(str(cell))) for cell in row))
     # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
-    Console(width=table_width(250)).print(table)
+    console = Console(width=table_width(250))
+    console.print(Text(clean(title), style="table.title"))
+    console.print(table)
+    if caption is not None:
+        console.print(Text(clean(caption), style="table.caption"))
 
 
 def print_json(value: Any) -> None:
