@@ -258,3 +258,48 @@ def test_a_zombie_or_a_reused_pid_is_not_signalled(tmp_path: Path, monkeypatch: 
     reused.write_text("not-its-start", encoding="ascii")
     assert watcher.checkpoint_all() == [os.getpid()] and sent == [os.getpid()]
     assert mine.exists() and not reused.exists()
+
+
+def test_checkpoint_all_drops_entries_it_cannot_read_and_a_run_that_ended_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbled entry, a directory planted under a pid's name and a process that ends between
+    the check and the signal: none raises; the live run is still signalled."""
+    monkeypatch.setenv("GPUTUI_HOME", str(tmp_path / "data"))
+    sent: list[int] = []
+    ended = 4242
+
+    def kill(pid: int, sig: int) -> None:
+        if sig and pid == ended:
+            raise ProcessLookupError(3, "No such process")
+        if sig:
+            sent.append(pid)
+
+    monkeypatch.setattr(watcher.os, "kill", kill)
+    mine = watcher.register(os.getpid())
+    assert (mine.parent.stat().st_mode & 0o777) == 0o700
+    (watcher.registry() / "7").write_bytes(b"\xff\xfe")
+    (watcher.registry() / "8").mkdir()
+    gone = watcher.registry() / str(ended)
+    gone.write_text("", encoding="ascii")  # no start time recorded: the pid is trusted, as the store does
+    monkeypatch.setattr(watcher, "process_alive", lambda pid: True)
+    assert watcher.checkpoint_all() == [os.getpid()] and sent == [os.getpid()]
+    assert sorted(p.name for p in watcher.registry().iterdir()) == sorted(["8", str(os.getpid())])
+
+
+def test_a_notice_for_a_run_that_just_ended_is_said_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUTUI_HOME", str(tmp_path / "data"))
+
+    class Notice:
+        def instance_action(self) -> dict[str, Any]:
+            return {"action": "terminate"}
+
+    def kill(pid: int, sig: int) -> None:
+        if sig:
+            raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(watcher.os, "kill", kill)
+    said: list[str] = []
+    assert watcher.watch(os.getpid(), Notice(), say=said.append) == {"action": "terminate"}  # type: ignore[arg-type]
+    assert said == [f'gputui watcher: spot interruption notice {{"action": "terminate"}}; '
+                    f"no SIGTERM: it had already ended, {os.getpid()}"]
+    assert not any(watcher.registry().iterdir())

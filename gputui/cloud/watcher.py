@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gputui.model import outside
-from gputui.model.paths import data_home
+from gputui.model.paths import data_home, private_dir
 from gputui.model.pids import process_alive, process_start
 
 IMDS_URL = "http://169.254.169.254"
@@ -86,25 +86,40 @@ def registry() -> Path:
 
 
 def register(pid: int) -> Path:
-    path = registry() / str(pid)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = private_dir(registry()) / str(pid)  # 0700: which processes this account watches is its own
     path.write_text(process_start(pid) or "", encoding="ascii")
     return path
 
 
+def _signal(pid: int) -> bool:
+    """SIGTERM `pid`; False when it ended meanwhile (or its number went to another account's)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def checkpoint_all(say: Callable[[str], None] = lambda m: None) -> list[int]:
-    """SIGTERM every registered run that is still the process it was; returns their pids."""
+    """SIGTERM every registered run that is still the process it was; returns their pids. An
+    entry that is no pid, cannot be read, or names a process that is gone or another is dropped."""
     sent = []
     for entry in sorted(registry().glob("*")) if registry().is_dir() else []:
         try:
             pid = int(entry.name)
         except ValueError:
             continue
-        recorded = entry.read_text(encoding="ascii").strip()
-        if not process_alive(pid) or (recorded and recorded != process_start(pid)):
-            entry.unlink(missing_ok=True)
+        try:
+            recorded: str | None = entry.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):  # a directory, a garbled file: not one we wrote
+            recorded = None
+        if recorded is None or not process_alive(pid) or (recorded and recorded != process_start(pid)) \
+                or not _signal(pid):
+            try:
+                entry.unlink(missing_ok=True)
+            except OSError:
+                pass  # a directory planted there: not ours to remove, and never signalled
             continue
-        os.kill(pid, signal.SIGTERM)
         say(f"gputui watcher: sent SIGTERM to {pid} (checkpoint requested)")
         sent.append(pid)
     return sent
@@ -124,8 +139,8 @@ def watch(pid: int, imds: Imds, interval_s: float = 5.0, sleep: Callable[[float]
                     say(f"gputui watcher: instance metadata not reachable ({exc}); still trying every {interval_s:g} s")
                 unreachable, notice = True, None
             if notice is not None:
-                os.kill(pid, signal.SIGTERM)
-                say(f"gputui watcher: spot interruption notice {json.dumps(notice)}; sent SIGTERM to {pid}")
+                sent = "sent SIGTERM to" if _signal(pid) else "no SIGTERM: it had already ended,"
+                say(f"gputui watcher: spot interruption notice {json.dumps(notice)}; {sent} {pid}")
                 return notice
             sleep(interval_s)
         return None
