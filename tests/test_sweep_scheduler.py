@@ -159,3 +159,26 @@ def test_local_slots_are_trials_per_gpu_workers_on_each_gpu_or_the_cpu_cores(tmp
     # What is free shared out (gputui.train.threads), so at most the cores' share, at least one each.
     assert all(1 <= s.threads <= max(1, (os.cpu_count() or 1) // 3) for s in cpus)
     assert local_slots(spec, profile.run, tmp_path, workers=0, gpus=0) == []
+
+
+def test_a_retry_that_evaluates_again_what_its_dead_attempt_reported_keeps_the_first_values(
+        tmp_path: Path) -> None:
+    """The retry reports epochs 1-2 again (its checkpoint was older, or it had none): the study
+    keeps the first attempt's values, and Optuna is not asked twice (it warned "already reported"
+    on the master's stderr for each)."""
+    import warnings
+
+    died: set[int] = set()  # shared: trial 0's first attempt dies on whichever slot has it, its retry does not
+    slots = [SimSlot(name, die_on={0}, die_after=2, died=died) for name in ("a", "b")]
+    profile, spec, study = make(tmp_path, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        progress = sched.Scheduler(study, spec, profile.run, slots, Seen()).run()
+    assert progress.done == 3 and len(counted(study)) == 3 and died == {0}
+    retried = study.get_trials()[0]
+    assert retried.user_attrs["attempts"] == 2
+    lr = retried.params["lr"]
+    from gputui.sweep.sim import accuracy
+    assert retried.intermediate_values == {0: accuracy({"lr": lr}, 1) - 1.0, 1: accuracy({"lr": lr}, 2) - 1.0,
+                                           2: accuracy({"lr": lr}, 3)}
+    assert not [w for w in caught if "already reported" in str(w.message)], [str(w.message) for w in caught]

@@ -78,7 +78,7 @@ class Trial:
     errors: list[str] = field(default_factory=list)
     stop_reason: str | None = None  # "pruned" or "target" once a stop was sent (state stopping)
     reached_s: float | None = None  # min time_to_accuracy: training seconds at the target
-    last_step: int = -1  # a program's trial: the last step told to the study (a retry's repeats are not)
+    last_step: int = -1  # the last step told to the study (a retry's repeats are not: Optuna keeps the first)
     started: float = 0.0
     orphaned: bool = False  # the study says it is finished already: nothing more is written to it
     state: TrialState = TrialState.ASKED

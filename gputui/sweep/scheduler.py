@@ -464,6 +464,9 @@ class Scheduler:
             reported = 100.0 - acc  # the error falls as the time would
         else:
             reported = acc
+        if index - 1 <= trial.last_step:
+            return  # a retry evaluates again what its checkpoint had not kept: the study keeps the first value
+        trial.last_step = index - 1
         if not self._write(trial, lambda: trial.handle.report(reported, step=index - 1)):
             return
         if self.spec.pruner != "none" and trial.handle.should_prune():

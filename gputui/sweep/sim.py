@@ -58,6 +58,9 @@ class SimHandle:
         put(protocol.encode({"op": "event", "trial": number, "data": events.make("start", run_id=f"t{number}")}))
         if number in self.slot.die_on and number not in self.slot.died:
             self.slot.died.add(number)
+            for k in range(1, self.slot.die_after + 1):  # what it evaluated before dying (1 point below a full run's)
+                put(protocol.encode({"op": "event", "trial": number, "eval": k, "data": events.make(
+                    "eval", epoch=1, step=k, test_acc=accuracy(params, k) - 1.0, elapsed_s=0.1 * k)}))
             self.kill()
             return
         if number in self.slot.fail_on:
@@ -114,6 +117,7 @@ class SimSlot:
     usd_per_hour: float = 0.0
     evaluations: int = 3
     die_on: set[int] = field(default_factory=set)
+    die_after: int = 0  # evaluations a trial of die_on reports before its worker dies
     fail_on: set[int] = field(default_factory=set)
     seen: list[tuple[int, int]] = field(default_factory=list)
     died: set[int] = field(default_factory=set)
