@@ -53,6 +53,20 @@ def test_values_that_are_not_finite_numbers_under_a_name_are_dropped() -> None:
     assert reports.dropped == 6
 
 
+@pytest.mark.parametrize("values, said", [
+    ({"a b": 1}, "sent a metric named 'a b' (a name is a letter or _, then up to 63 letters, digits or _ . : / -)"),
+    ({"\x1b[31mred": 1}, "sent a metric named 'red' (a name is"),
+    ({"loss": "0.5"}, "sent a value of loss that is not a finite number"),
+    ({f"m{i}": i for i in range(65)}, "sent more than 64 values in one line (m64 and the rest)"),
+])
+def test_the_warning_says_what_was_wrong_with_a_value(values: dict[str, object], said: str) -> None:
+    reports = Reports()
+    reports.feed(json.dumps({"values": values}).encode() + b"\n")
+    warning = reports.tally.warning()
+    assert warning is not None and said in warning, warning
+    assert "\x1b" not in warning
+
+
 def test_huge_numbers_and_hostile_places_do_not_pass() -> None:
     [record] = Reports().feed(b'{"step": 1e300, "epoch": -1, "rank": "0", "values": {"a": 1e308}, "time": "x"}\n')
     assert record.values == {"a": 1e308}

@@ -90,11 +90,18 @@ class Reports:
         values: dict[str, float | int] = {}
         for name, value in values_in.items():
             number = outside.finite(value)
-            if number is None or not NAME.match(name) or len(values) >= MAX_VALUES:
-                self.dropped += 1
-                self.tally.refuse(f"a value that is not a finite number under a metric's name ({name[:40]!r})")
+            if not NAME.match(name):
+                why = (f"a metric named {clean(name, 40)!r} (a name is a letter or _, then up to 63 letters, "
+                       "digits or _ . : / -)")
+            elif number is None:
+                why = f"a value of {name} that is not a finite number"
+            elif len(values) >= MAX_VALUES:
+                why = f"more than {MAX_VALUES} values in one line ({name} and the rest)"
+            else:
+                values[name] = number
                 continue
-            values[name] = number
+            self.dropped += 1
+            self.tally.refuse(why)
         checkpoint = raw.get("checkpoint") is True
         if not values and not checkpoint:
             return None
