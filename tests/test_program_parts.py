@@ -316,3 +316,19 @@ def test_a_checkpoint_report_is_marked_and_survives_merging(tmp_path: Path) -> N
     assert pacer.add(second, now=0.01) == []
     [(merged, count)] = pacer.due(now=0.2)
     assert merged.checkpoint and merged.values == {} and count == 1
+
+
+def test_off_a_terminal_each_line_of_the_view_is_one_line() -> None:
+    """A log or `| cat` gets whole lines: the header and a long warning were folded at 80 columns."""
+    import io
+
+    from gputui.views.program import ProgramView
+
+    out = io.StringIO()
+    view = ProgramView(stderr=out)
+    view.show({"event": "start", "run_id": "20261207-060306-252b", "program": "python train.py " + "--flag " * 20})
+    warning = "the program's GPUTUI_EVENTS sent a metric named 'a b' (a name is a letter or _, then up to 63 letters)"
+    view.show({"event": "warning", "message": warning})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("run 20261207-060306-252b: python train.py --flag")
+    assert lines[0].endswith(" on CPU") and lines[1] == f"warning: {warning}", lines

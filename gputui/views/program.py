@@ -34,6 +34,8 @@ class ProgramView:
         from rich.console import Console
 
         self.console = Console(stderr=True, file=stderr)
+        # Not a terminal (CI logs, `| cat`, a file): a line is a line, never folded at 80 columns.
+        self.console.soft_wrap = not self.console.is_terminal
         self.live: Any = None
         self.values: dict[str, float | int] = {}
         self.step: int | None = None
