@@ -161,6 +161,27 @@ def split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return words, None
 
 
+def before_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`gputui --profile FILE COMMAND`: the profile goes to the command when it takes one (as if
+    given after it), never silently to nothing; --demo and --light before a command other than
+    the dashboard's are refused, not ignored."""
+    if args.command in (None, "ui", "serve"):  # the dashboard's own flags, wherever they stand
+        return
+    chosen = command_parser(parser, args)
+    for flag in ("--demo", "--light"):
+        if getattr(args, flag[2:], False):
+            chosen.error(f"{flag} is the dashboard's (gputui {flag}), not this command's")
+    if args.ui_profile is None:
+        return
+    if not hasattr(args, "profile"):
+        chosen.error("--profile was given before the command, and this command takes none")
+    if args.profile is None:
+        args.profile = args.ui_profile
+    elif Path(args.profile).resolve() != Path(args.ui_profile).resolve():
+        chosen.error(f"two profiles: --profile {args.ui_profile} before the command and --profile {args.profile} "
+                     "after it; give one")
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv, program = split_program(sys.argv[1:] if argv is None else argv)
@@ -169,6 +190,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args.program = program
     if unknown:  # say it with the usage of the command that was meant, not the top level's
         command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    before_command(parser, args)
     if getattr(args, "handler", None) is None:  # no subcommand: the dashboard
         from gputui.commands.ui import cmd_ui
 
