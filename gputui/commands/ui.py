@@ -13,7 +13,8 @@ def add_flags(parser: argparse.ArgumentParser, top_level: bool) -> None:
     # A subcommand's defaults would overwrite the top level's values: it sets none (SUPPRESS).
     default: Any = None if top_level else argparse.SUPPRESS
     parser.add_argument("--profile", dest="ui_profile", type=Path, default=default, metavar="FILE",
-                        help="dashboard: profile to open (default: profiles/local.toml)")
+                        help="dashboard: profile to open (default: profiles/local.toml)"
+                        + ("; before a command that takes a profile, that command's" if top_level else ""))
     parser.add_argument("--demo", action="store_true", default=False if top_level else argparse.SUPPRESS,
                         help="dashboard: simulated hosts, GPUs, spot slaves and prices; real training on this CPU")
     parser.add_argument("--light", action="store_true", default=False if top_level else argparse.SUPPRESS,
