@@ -32,3 +32,21 @@ def test_without_a_caption_the_table_is_the_last_line(capsys: pytest.CaptureFixt
     print_table("t", ["id"], [["a"]])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "t" and lines[-1].startswith("\u2514"), lines
+
+
+def test_a_long_note_in_the_last_column_is_cut_and_squeezes_no_other(capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed run's note of 300 characters once left `gputui runs` with its id, model and
+    state columns squeezed to nothing; now the note gives way, cut with an ellipsis."""
+    from rich.cells import cell_len
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    columns = ["id", "started", "model", "device", "state", "note"]
+    rows = [["20261207-060303-4897", "2026-12-07 06:03", "python", "cpu", "failed", "TypeError: " + "x" * 300],
+            ["20261207-061428-9934", "2026-12-07 06:14", "fast", "cpu", "interrupted", "output closed"]]
+    print_table("Runs", columns, rows)
+    lines = capsys.readouterr().out.splitlines()
+    body = [line for line in lines if line.startswith("\u2502")]
+    assert [[cell.strip() for cell in line.split("\u2502")[1:6]] for line in body] == [row[:5] for row in rows], lines
+    assert body[0].rstrip("\u2502 ").endswith("\u2026") and "output closed" in body[1]
+    assert max(cell_len(line) for line in lines) <= 250

@@ -27,13 +27,21 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     # The title and caption are lines of their own: inside the table rich wraps them to its width
     # (a narrow table split "Runs in DIR" over lines) and pads them with spaces to it.
     table = Table()
+    cells = [[Text(clean(str(cell))) for cell in row] for row in rows]
+    # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
+    console = Console(width=table_width(250))
+    # Every column but the last keeps its widest cell; the last (a note, a reason) gives way, cut
+    # with an ellipsis: a long note once squeezed every other column of `gputui runs` to nothing.
+    widths = [max([len(column), *(row[i].cell_len for row in cells if i < len(row))]) for i, column in enumerate(columns)]
+    room = max(len(columns[-1]), console.width - sum(widths[:-1]) - 3 * len(columns) - 1) if columns else 0
+    for row in cells:
+        if len(row) == len(columns) and row[-1].cell_len > room:
+            row[-1].truncate(room, overflow="ellipsis")
     for column in columns:
         table.add_column(column, justify="right" if column.startswith(("$", "cost", "saving", "up")) else "left",
                          no_wrap=True)
-    for row in rows:
-        table.add_row(*(Text(clean(str(cell))) for cell in row))
-    # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
-    console = Console(width=table_width(250))
+    for row in cells:
+        table.add_row(*row)
     console.print(Text(clean(title), style="table.title"))
     console.print(table)
     if caption is not None:
