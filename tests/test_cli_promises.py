@@ -95,3 +95,43 @@ def test_a_checkpoint_the_disk_refuses_exits_1_with_one_line(small_data: Path, t
     assert not (run_dir / "ckpt.pt").exists() and not (run_dir / "ckpt.pt.tmp").exists()
     with Ledger() as ledger:
         assert [(run_id, status) for run_id, _c, _s, _e, status in ledger.runs()] == [("r", "failed")]
+
+
+def test_a_closed_output_checkpoints_says_interrupted_in_the_log_and_resume_goes_on(small_data: Path,
+                                                                                     tmp_path: Path) -> None:
+    """`gputui run --json | head`: the reader goes away after an epoch; the next event that cannot
+    be written stops the run as one SIGTERM does: a checkpoint at the next step and `interrupted`
+    (reason `output closed`) in the events log; exit 1, nothing on stderr about the pipe."""
+    import os
+    import select
+    import subprocess
+    import time
+
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--json", "--data", str(small_data), "--epochs",
+                             "1000", "--batch-size", "64", "--threads", "1", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        seen, deadline = b"", time.monotonic() + 180
+        while b'"event": "epoch"' not in seen:  # an epoch's checkpoint is on disk: the stop's must be a later one
+            assert time.monotonic() < deadline and proc.poll() is None, f"no epoch event: {seen[-800:]!r}"
+            if select.select([proc.stdout], [], [], 0.5)[0]:
+                seen += os.read(proc.stdout.fileno(), 65536)
+        proc.stdout.close()
+        assert proc.wait(120) == 1
+        err = proc.stderr.read().decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    events = json_lines((run_dir / "events.jsonl").read_text(encoding="utf-8"))
+    stopped = events[-1]
+    assert stopped["event"] == "interrupted" and stopped["reason"] == "output closed", events[-3:]
+    assert Path(stopped["checkpoint"]) == run_dir / "ckpt.pt" and (run_dir / "ckpt.pt").is_file()
+    epochs = stopped["epoch"] + 1
+    again = run_cli("run", "--resume", str(run_dir), "--json", "--epochs", str(epochs), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    resumed = json_lines(again.stdout)
+    assert resumed[0]["resumed_from_step"] == stopped["step"] and resumed[-1]["event"] == "done"

@@ -226,14 +226,17 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
     with stop_on_signals(stop):
         data = prefetch.dataset()
         log = runs.EventLog(run.events)
-        emit = _tee(log, view)
+        emit = _tee(log, view, stop)
         try:
             trainer = Trainer(cfg, run, data, device, emit, stop, start_info=start_info)
             if not cfg.threads and "OMP_NUM_THREADS" not in os.environ and device.type == "cpu":
                 from gputui.train.threads import Governor
 
                 trainer.governor = Governor(threads)  # chosen by gputui: it follows the machine's load
-            return trainer.train(resume=resume)
+            outcome = trainer.train(resume=resume)
+            if outcome == "interrupted" and stop.reason == OUTPUT_CLOSED:  # checkpointed, said in the log; exit 1, as DDP's
+                raise BrokenPipeError(OUTPUT_CLOSED)
+            return outcome
         except GputuiError as exc:  # the run's last event says why it ended, as a DDP rank's does
             emit(error_event(exc))
             raise
@@ -284,12 +287,28 @@ def _visible_gpus(cfg: RunConfig) -> int:
     return len(cfg.gpus) if cfg.gpus else torch.cuda.device_count()
 
 
-def _tee(log: runs.EventLog, view: View) -> Callable[[dict[str, Any]], None]:
+OUTPUT_CLOSED = "output closed"  # the stop reason when the command's stdout went away (`| head`)
+
+
+def _tee(log: runs.EventLog, view: View, stop: Any) -> Callable[[dict[str, Any]], None]:
+    """Each event to the run's log, then to the view. Once the view cannot write (its reader
+    closed stdout: `gputui run --json | head`), the run stops as one SIGTERM stops it (a
+    checkpoint at the next step, `interrupted` in the log) and the view is written no more."""
+    shown = [True]
+
     def emit(event: dict[str, Any]) -> None:
         log.write(runs.encode(event))
-        view.show(event)
+        if not shown[0]:
+            return
+        try:
+            view.show(event)
+        except BrokenPipeError:
+            shown[0] = False
+            if not stop.is_set():
+                stop.set(OUTPUT_CLOSED)
 
     return emit
+
 
 
 def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> None:
