@@ -24,7 +24,7 @@ from gputui.model.paths import profiles_dir, runs_home
 from gputui.config.run import RunConfig, RunSettings
 from gputui.config.profile import load_profile
 from gputui.model.units import plural
-from gputui.model.supervisor import stop_on_signals
+from gputui.model.supervisor import StopFlag, stop_on_signals
 
 # Settings of the built-in nets alone: a program has its own flags (after --).
 NET_ONLY = ("model", "epochs", "batch_size", "lr", "evals_per_epoch", "cuda_graph", "data", "seed")
@@ -202,7 +202,7 @@ def _execute_local(run: runs.RunDir, cfg: RunConfig, resume: bool, view: View) -
 
     from gputui.train.devices import resolve_device
     from gputui.train.distributed import error_event
-    from gputui.train.loop import StopFlag, Trainer
+    from gputui.train.loop import Trainer
 
     warm_dynamo()  # gputui's modules are in: an optimizer that needs torch._dynamo finds it sooner
     device, why = resolve_device(cfg.device)
@@ -290,7 +290,7 @@ def _visible_gpus(cfg: RunConfig) -> int:
 OUTPUT_CLOSED = "output closed"  # the stop reason when the command's stdout went away (`| head`)
 
 
-def _tee(log: runs.EventLog, view: View, stop: Any) -> Callable[[dict[str, Any]], None]:
+def _tee(log: runs.EventLog, view: View, stop: StopFlag) -> Callable[[dict[str, Any]], None]:
     """Each event to the run's log, then to the view. Once the view cannot write (its reader
     closed stdout: `gputui run --json | head`), the run stops as one SIGTERM stops it (a
     checkpoint at the next step, `interrupted` in the log) and the view is written no more."""
@@ -308,7 +308,6 @@ def _tee(log: runs.EventLog, view: View, stop: Any) -> Callable[[dict[str, Any]]
                 stop.set(OUTPUT_CLOSED)
 
     return emit
-
 
 
 def _record_run(run_id: str, ended: str | None, say: Callable[[str], None]) -> None:
