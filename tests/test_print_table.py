@@ -50,3 +50,43 @@ def test_a_long_note_in_the_last_column_is_cut_and_squeezes_no_other(capsys: pyt
     assert [[cell.strip() for cell in line.split("\u2502")[1:6]] for line in body] == [row[:5] for row in rows], lines
     assert body[0].rstrip("\u2502 ").endswith("\u2026") and "output closed" in body[1]
     assert max(cell_len(line) for line in lines) <= 250
+
+
+RUNS = [["20261207-060303-4897", "2026-12-07 06:03", "nonexistent.py", "cpu", "single", "n/a", "n/a", "n/a", "0s",
+         "$0.00", "failed", "python exited with code 2: python: can't open file '/nonexistent.py'"],
+        ["20261207-061428-9934", "2026-12-07 06:14", "fast", "cpu", "single", "0/1", "n/a", "n/a", "0s", "$0.00",
+         "interrupted", "output closed"]]
+
+
+@pytest.mark.parametrize("width, left_out", [
+    (250, []),
+    (140, ["started"]),
+    (120, ["started", "strategy", "device"]),
+    (80, ["started", "strategy", "device", "note", "cost", "best acc", "time"]),
+])
+def test_gputui_runs_on_a_narrow_terminal_leaves_columns_out_in_its_order_and_says_so(
+        width: int, left_out: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 120 columns every column used to be squeezed to a few characters ("dev…", "$…"); now the
+    columns gputui runs can spare go first, whole columns stay whole, and a line names what went."""
+    from rich.cells import cell_len
+
+    from gputui.runs.history import COLUMNS, HIDE_FIRST
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    print_table("Runs", list(COLUMNS), RUNS, hide_first=HIDE_FIRST)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("\u2503"))
+    shown = [cell.strip() for cell in header.strip("\u2503").split("\u2503")]
+    assert shown == [c for c in COLUMNS if c not in left_out], lines
+    table = [line for line in lines if line[:1] in "\u250f\u2503\u2521\u2502\u2514"]
+    assert max(cell_len(line) for line in table) <= width, lines
+    body = [[cell.strip() for cell in line.strip("\u2502").split("\u2502")] for line in table if line.startswith("\u2502")]
+    assert len(body) == len(RUNS)
+    for row, full in zip(body, RUNS):
+        kept = [value for column, value in zip(COLUMNS, full) if column not in left_out]
+        whole = len(kept) if "note" in left_out else len(kept) - 1  # only a note may be cut
+        assert row[:whole] == kept[:whole], row
+    text = "\n".join(lines)
+    said = (f"left out to fit {width} columns: {', '.join(left_out)} (a wider terminal shows "
+            f"{'them' if len(left_out) > 1 else 'it'})")
+    assert (said in text) == bool(left_out) and ("left out" in text) == bool(left_out), lines

@@ -50,7 +50,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         view.say(f"no runs in {home} yet; start one with `gputui run`")
         return 0
     view.print_table(f"Runs in {home}", list(history.COLUMNS), (row(s) for s in listed),
-                     caption="see a run's curves: gputui runs export ID --csv [FILE]; go on: gputui run --resume ID")
+                     caption="see a run's curves: gputui runs export ID --csv [FILE]; go on: gputui run --resume ID",
+                     hide_first=history.HIDE_FIRST)
     return 0
 
 

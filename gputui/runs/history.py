@@ -235,6 +235,8 @@ def ledger_view(path: Path | None = None, now: float | None = None) -> tuple[dic
 
 COLUMNS = ("id", "started", "model", "device", "strategy", "epochs", "best acc", "final acc", "time", "cost",
            "state", "note")
+# Left out in this order where a terminal is too narrow for them all (the id holds the start time).
+HIDE_FIRST = ("started", "strategy", "device", "note", "cost", "best acc", "time")
 
 
 def cells(s: RunSummary) -> list[str]:

@@ -17,35 +17,60 @@ from gputui.model.text import clean
 from gputui.model.units import plural
 
 
-def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
+NOTE_MIN = 12  # a table's last column (a note) is cut to no fewer characters than this to make room
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None,
+                hide_first: Sequence[str] = ()) -> None:
+    """A table under its title, with its caption (a hint) under it. The last column (a note, a
+    reason) gives way first, cut with an ellipsis; where the others do not fit either (a narrow
+    terminal), the columns of `hide_first` are left out in that order, and a line says which."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from gputui.views.progress import table_width
 
-    # The title and caption are lines of their own: inside the table rich wraps them to its width
-    # (a narrow table split "Runs in DIR" over lines) and pads them with spaces to it.
-    table = Table()
     cells = [[Text(clean(str(cell))) for cell in row] for row in rows]
     # Piped output keeps whole ids (a terminal's width is respected; rich folds only there).
     console = Console(width=table_width(250))
-    # Every column but the last keeps its widest cell; the last (a note, a reason) gives way, cut
-    # with an ellipsis: a long note once squeezed every other column of `gputui runs` to nothing.
     widths = [max([len(column), *(row[i].cell_len for row in cells if i < len(row))]) for i, column in enumerate(columns)]
-    room = max(len(columns[-1]), console.width - sum(widths[:-1]) - 3 * len(columns) - 1) if columns else 0
-    for row in cells:
-        if len(row) == len(columns) and row[-1].cell_len > room:
-            row[-1].truncate(room, overflow="ellipsis")
-    for column in columns:
-        table.add_column(column, justify="right" if column.startswith(("$", "cost", "saving", "up")) else "left",
+    shown = list(range(len(columns)))
+
+    def room() -> int:  # what the last shown column may take: the others at their widest, 3 a column for borders
+        return console.width - sum(widths[i] for i in shown[:-1]) - 3 * len(shown) - 1
+
+    def fits() -> bool:  # every shown column whole, but the table's own last one, which may be cut to NOTE_MIN
+        end = shown[-1]
+        return room() >= (min(widths[end], NOTE_MIN) if end == len(columns) - 1 else widths[end])
+
+    hidden = []
+    for name in hide_first:
+        if not shown or fits():
+            break
+        if name in columns and columns.index(name) in shown:
+            shown.remove(columns.index(name))
+            hidden.append(name)
+    # The title and caption are lines of their own: inside the table rich wraps them to its width
+    # (a narrow table split "Runs in DIR" over lines) and pads them with spaces to it.
+    table = Table()
+    for i in shown:
+        table.add_column(columns[i], justify="right" if columns[i].startswith(("$", "cost", "saving", "up")) else "left",
                          no_wrap=True)
+    last = max(len(columns[shown[-1]]), room()) if shown else 0
     for row in cells:
-        table.add_row(*row)
-    console.print(Text(clean(title), style="table.title"))
+        kept = [row[i] for i in shown if i < len(row)]
+        if len(kept) == len(shown) and kept and kept[-1].cell_len > last:
+            # a long note once squeezed every other column of `gputui runs` to nothing: it is cut instead
+            kept[-1].truncate(last, overflow="ellipsis")
+        table.add_row(*kept)
+    console.print(Text(clean(title), style="table.title"), soft_wrap=True)  # lines: a terminal folds them itself
     console.print(table)
+    if hidden:
+        console.print(Text(f"left out to fit {console.width} columns: {', '.join(hidden)} (a wider terminal "
+                           f"shows {'them' if len(hidden) > 1 else 'it'})", style="table.caption"), soft_wrap=True)
     if caption is not None:
-        console.print(Text(clean(caption), style="table.caption"))
+        console.print(Text(clean(caption), style="table.caption"), soft_wrap=True)
 
 
 def print_json(value: Any) -> None:
