@@ -17,6 +17,7 @@ docs/program.md, so a program in any language can report the same way.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import numbers
@@ -170,7 +171,17 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     _reporter.stop_asked = True
 
 
+def _ignore_a_late_stop() -> None:
+    """At exit, after the program's own atexit work: Python puts SIGTERM's default back as it shuts
+    down, so gputui's SIGTERM, sent as the program stops by itself on `should_stop()` (the stop file
+    comes first), would end it with 143 instead of its own status. It is ignored from here on; the
+    keeper still SIGKILLs a program that does not end within `[run] stop_grace_s`."""
+    if os.getpid() == _INSTALLED_IN and signal.getsignal(signal.SIGTERM) is _on_stop_signal:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 _INSTALLED_IN = os.getpid()
 if (os.environ.get(EVENTS_ENV) and threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):  # under gputui, and nobody else handles it
     signal.signal(signal.SIGTERM, _on_stop_signal)
+    atexit.register(_ignore_a_late_stop)  # it runs after the atexit functions registered later

@@ -268,6 +268,23 @@ def test_should_stop_turns_true_on_sigterm_and_on_the_stop_file(tmp_path: Path) 
         assert done.stdout.split() == ["False", "True"], how
 
 
+def test_a_sigterm_while_the_program_exits_does_not_end_it_with_143(tmp_path: Path) -> None:
+    """A program stops by itself on `should_stop()` (the stop file comes before gputui's SIGTERM);
+    the SIGTERM lands as Python shuts down, after it put SIGTERM's default back: the program's own
+    status stays (a sweep's pruned trial once ended `interrupted` with exit_code 143 this way).
+    The signal is sent from a module global's __del__, which runs after that point."""
+    code = ("import os, signal, sys, time\nfrom gputui import report\n"
+            "class Late:\n    def __del__(self):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n        time.sleep(0.2)\n"
+            "        os.write(1, b'still here')\n"
+            "late = Late()\n")
+    done = run_report(code, {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")})
+    assert (done.returncode, done.stdout) == (0, "still here"), done.stderr
+    with_own = run_report("import signal\nsignal.signal(signal.SIGTERM, lambda *_: None)\n" + code,
+                          {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")})
+    assert with_own.returncode == -signal.SIGTERM  # a program's own handler is its own: gputui leaves it
+
+
 def test_a_forked_child_still_ends_on_sigterm(tmp_path: Path) -> None:
     """A data loader's worker forked after `import gputui.report` must not keep the stop handler."""
     code = ("import os, signal, sys\nfrom gputui import report\n"
