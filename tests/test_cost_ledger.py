@@ -222,6 +222,17 @@ def test_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "expected a number of days > 0" in capsys.readouterr().err
 
 
+def test_cost_command_with_only_local_runs_that_cost_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """A CPU-only machine: runs are recorded, no instance and no energy. No empty cluster table."""
+    with Ledger() as ledger:
+        ledger.start_run("r-cpu", "local", time.time() - 60)
+    assert main(["cost"]) == 0
+    captured = capsys.readouterr()
+    assert "Spend per run" in captured.out and "r-cpu" in captured.out
+    assert "Spend per cluster" not in captured.out
+    assert "total $0.00" in captured.err
+
+
 def test_a_write_that_sqlite_already_rolled_back_says_its_own_error(tmp_path: Path) -> None:
     """An error after which SQLite ended the transaction itself: the caller sees that error, not
     "cannot rollback - no transaction is active" (seen once in a stopped run's warning)."""

@@ -53,7 +53,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
         view.say("no costs recorded yet" + (f" in the last {args.since:g} days" if since else ""))
         return 0
     window = f"last {args.since:g} days" if since else "all time"
-    view.spend_table(f"Spend per cluster, {window} (estimates)", clusters, now, "cluster", sources, methods)
+    if clusters:  # none while only runs that paid for nothing are recorded (a CPU here, no GPU energy)
+        view.spend_table(f"Spend per cluster, {window} (estimates)", clusters, now, "cluster", sources, methods)
     if runs:
         view.spend_table(f"Spend per run, {window} (estimates)", runs, now, "run", sources, methods)
     for r in stops:
