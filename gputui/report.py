@@ -23,6 +23,7 @@ import math
 import numbers
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,21 +43,43 @@ __all__ = ["log", "checkpoint_dir", "resuming", "trial", "should_stop"]
 class _Reporter:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.file: Any = None
+        self.fd = -1
         self.pid = 0
+        self.warned = 0  # the pid that already said a write failed
+        self.torn = False  # a short write left part of a line: the next one starts on a new line
         self.stop_asked = False
         self.stop_looked = 0.0
 
     def write(self, line: str) -> None:
+        """One line, one append (no buffer: a failed write leaves nothing behind to retry at exit).
+        A write that fails (a full disk, the run directory gone) costs that report, never the
+        program: it is said once on stderr, and later reports are tried again."""
         with self.lock:
-            if self.file is None or self.pid != os.getpid():  # a forked child opens its own
-                path = os.environ.get(EVENTS_ENV)
-                if not path:
-                    return
-                self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, flushed each line
-                self.pid = os.getpid()
-            self.file.write(line)
-            self.file.flush()
+            try:
+                if self.fd < 0 or self.pid != os.getpid():  # a forked child opens its own
+                    path = os.environ.get(EVENTS_ENV)
+                    if not path:
+                        return
+                    self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                    self.pid = os.getpid()
+                data = (b"\n" if self.torn else b"") + line.encode("utf-8")
+                written = os.write(self.fd, data)
+                self.torn = written < len(data)
+                if self.torn:
+                    raise OSError(f"a short write ({written} of {len(data)} bytes): is the disk full?")
+            except OSError as exc:
+                self.lost(exc)
+
+    def lost(self, exc: OSError) -> None:
+        if self.warned == os.getpid():
+            return
+        self.warned = os.getpid()
+        try:
+            sys.stderr.write(f"gputui.report: cannot write {os.environ.get(EVENTS_ENV)}: {exc.strerror or exc}; "
+                             "reports are lost until it can be written (the program goes on)\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):  # no stderr, or a closed one
+            pass
 
 
 _reporter = _Reporter()

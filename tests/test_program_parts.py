@@ -285,6 +285,46 @@ def test_a_sigterm_while_the_program_exits_does_not_end_it_with_143(tmp_path: Pa
     assert with_own.returncode == -signal.SIGTERM  # a program's own handler is its own: gputui leaves it
 
 
+def test_a_report_the_disk_refuses_costs_the_report_never_the_program(tmp_path: Path) -> None:
+    """/dev/full refuses every write (ENOSPC): report.log goes on without raising, says it once
+    on stderr, and nothing is left to fail as Python exits."""
+    code = ("from gputui import report\nfor i in range(5):\n    report.log(step=i, loss=0.5)\n"
+            "print('went on')\n")
+    done = run_report(code, {"GPUTUI_EVENTS": "/dev/full"})
+    assert (done.returncode, done.stdout.strip()) == (0, "went on"), done.stderr
+    assert done.stderr.splitlines() == ["gputui.report: cannot write /dev/full: No space left on device; "
+                                        "reports are lost until it can be written (the program goes on)"]
+
+
+def test_a_short_write_leaves_the_next_report_on_a_line_of_its_own(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from gputui import report
+
+    path = tmp_path / "reported.jsonl"
+    monkeypatch.setenv("GPUTUI_EVENTS", str(path))
+    reporter = report._Reporter()
+    monkeypatch.setattr(report, "_reporter", reporter)
+    real_write = os.write
+    short = [True]
+
+    def write(fd: int, data: bytes) -> int:
+        if short and fd == reporter.fd:
+            short.pop()
+            return real_write(fd, data[:5])  # a disk that took only five bytes
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    report.log(step=1, loss=0.5)
+    report.log(step=2, loss=0.25)
+    monkeypatch.undo()
+    os.close(reporter.fd)
+    lines = path.read_text().splitlines()
+    assert lines == ['{"val', '{"values":{"loss":0.25},"step":2}'], lines
+    assert "a short write (5 of " in capsys.readouterr().err
+    assert path.stat().st_mode & 0o777 == 0o600  # gputui's file, whatever the program's umask
+
+
 def test_a_forked_child_still_ends_on_sigterm(tmp_path: Path) -> None:
     """A data loader's worker forked after `import gputui.report` must not keep the stop handler."""
     code = ("import os, signal, sys\nfrom gputui import report\n"

@@ -350,6 +350,26 @@ def test_a_fifo_as_the_reports_file_is_one_warning_not_a_hang(tmp_path: Path) ->
     assert [e["event"] for e in child.events].count("warning") == 1
 
 
+def test_an_output_log_the_disk_refuses_is_one_warning_and_the_run_goes_on(tmp_path: Path) -> None:
+    """output.log is /dev/full (every write: ENOSPC): the program runs to its end, its reports
+    still arrive, one `warning` says the log misses output, and nothing raises at the end (a
+    buffered log once did, as a traceback, when it was closed)."""
+    (tmp_path / "loud.py").write_text("from gputui import report\nfor i in range(200):\n"
+                                      "    print('x' * 200, flush=True)\n    report.log(step=i, loss=1.0)\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "output.log").symlink_to("/dev/full")
+    with Child(argv("run", "--json", "--run-dir", str(run), "--", "python", "loud.py"), env=cli_env(),
+               cwd=tmp_path) as child:
+        assert child.finish(120) == 0, child._seen()
+    warnings = [e for e in child.events if e["event"] == "warning"]
+    assert [w["reason"] for w in warnings] == ["output_log"], warnings
+    assert "No space left on device" in warnings[0]["message"]
+    assert [e for e in child.events if e["event"] == "metrics"][-1]["step"] == 199
+    assert child.events[-1]["event"] == "done"
+    assert "Traceback" not in child.stderr
+
+
 def test_the_program_makes_its_files_with_the_users_umask(tmp_path: Path) -> None:
     (tmp_path / "mask.py").write_text("import os\nmask = os.umask(0)\nprint(f'umask {mask:03o}')\n")
     done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "mask.py"), cwd=tmp_path,

@@ -246,6 +246,7 @@ class _Pump(threading.Thread):
         self.stream, self.kind, self.log, self.lock, self.line = stream, name, log, lock, line
         self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]")
         self.last = ""
+        self.lost: str | None = None  # why output.log could not take a chunk (said once, by the run)
 
     def run(self) -> None:
         read = getattr(self.stream, "read1", self.stream.read)
@@ -257,11 +258,13 @@ class _Pump(threading.Thread):
             if not chunk:
                 break
             with self.lock:
-                try:
-                    self.log.write(chunk)
-                    self.log.flush()
-                except OSError:
-                    pass  # a full disk costs the log, never the run
+                try:  # unbuffered: a chunk the disk refused is not retried at close
+                    written = self.log.write(chunk)
+                    if written is not None and written < len(chunk):
+                        raise OSError(f"a short write ({written} of {len(chunk)} bytes): is the disk full?")
+                except OSError as exc:  # a full disk costs the log, never the run
+                    if self.lost is None:
+                        self.lost = str(exc.strerror or exc)
             for raw in self.splitter.feed(chunk):
                 text = raw.decode("utf-8", errors="replace").rstrip("\r")
                 if text.strip():
@@ -445,7 +448,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
 
     stop = stop if stop is not None else StopFlag()
     emit(events.make("start", **start))
-    output_file = open(run.path / OUTPUT, "ab")
+    output_file = open(run.path / OUTPUT, "ab", buffering=0)
     proc: subprocess.Popen[bytes] | None = None
     tree: Tree | None = None
     stopping_at: float | None = None
@@ -484,6 +487,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 if reported.refused is not None:
                     emit(events.make("warning", reason="bad_report", message=reported.refused))
                     reported.refused = None
+                _say_lost_output(pumps, run.path / OUTPUT, emit)
                 with output_lock:
                     metrics(pacer.due(time.monotonic(), flush=finished))
                 if finished and not got:
@@ -496,6 +500,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 if not got:
                     time.sleep(POLL_S)
             reported.close()
+            _say_lost_output(pumps, run.path / OUTPUT, emit)
             # The keeper has ended. Whatever of the program is left (orphans of a keeper that was
             # killed) holds the output pipes open: it ends now, so the pipes reach their end.
             tree.kill()
@@ -534,6 +539,19 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
         raise GputuiError(message)
     finally:
         log.close()
+
+
+def _say_lost_output(pumps: Sequence[_Pump], path: Path, emit: Callable[[dict[str, Any]], None]) -> None:
+    """One `warning` (reason `output_log`) once output.log refused a chunk: what the program
+    prints still shows and is still read for metrics; the file misses it."""
+    for pump in pumps:
+        if pump.lost is not None and pump.lost != "said":
+            emit(events.make("warning", reason="output_log",
+                             message=f"cannot write {path}: {pump.lost}; the program's output is not all kept there "
+                                     "(it still shows here; free space for the rest)"))
+            for each in pumps:
+                each.lost = "said"
+            return
 
 
 def _ask_to_stop(run: runs.RunDir, tree: Any) -> None:
