@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,75 @@ def test_runs_does_not_load_torch(small_data: Path, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=cli_env())
     assert result.returncode == 0, result.stderr
     assert "fast" in result.stdout and "\nstep,1," in result.stdout
+
+
+# -- gputui runs rm ------------------------------------------------------------------------------
+
+DONE = [START, {"event": "done", "step": 40, "epochs": 4, "test_acc": 90.0, "best_acc": 91.0}]
+
+
+def test_rm_removes_finished_runs_and_keeps_their_spend(gputui_home: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    home = gputui_home / "runs"
+    keep = hand_made(home, "keep", DONE)
+    gone = [hand_made(home, name, DONE) for name in ("old-1", "old-2")]
+    (gone[0].path / "ckpt.pt").write_bytes(b"\0" * 5000)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("mine")
+    (gone[1].path / "data").symlink_to(outside)  # a link inside a run: removed, never followed
+    (gone[1].path / "file").symlink_to(outside / "precious.txt")
+    with Ledger() as ledger:
+        ledger.start_run("old-1", "local", 1_000_000_000.0)
+        ledger.end_run("old-1", 1_000_000_100.0, "done")
+    capsys.readouterr()
+    assert main(["runs", "rm", "old-1", str(gone[1].path), "old-1", "--yes"]) == 0  # a run named twice: once
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("removed run old-1 (") and "KiB" in err[0]
+    assert err[1].startswith("removed run old-2 (") and len(err) == 2, err
+    assert not gone[0].path.exists() and not gone[1].path.exists() and keep.path.is_dir()
+    assert (outside / "precious.txt").read_text() == "mine"
+    assert set(listed(capsys)) == {"keep"}
+    with Ledger() as ledger:
+        assert "old-1" in {run_id for run_id, *_rest in ledger.runs()}  # money spent is history
+
+
+@pytest.mark.parametrize("case", ["unknown", "running", "elsewhere", "linked", "no terminal"])
+def test_rm_refuses_in_one_line_and_removes_nothing(case: str, gputui_home: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    home = gputui_home / "runs"
+    other = hand_made(home, "other", DONE)
+    elsewhere = hand_made(tmp_path / "project", "myrun", DONE)  # a --run-dir inside the user's own project
+    refs, message = {
+        "unknown": (["nothere"], "runs rm nothere: no such run"),
+        "running": (["live"], "runs rm live: run live is running; stop it first"),
+        "elsewhere": ([str(elsewhere.path)], f"is not a run directory in {home}"),
+        "linked": (["link"], f"is not a run directory in {home}"),
+        "no terminal": (["live"], "runs rm: removing 2 runs: no terminal to ask on, pass --yes to go ahead"),
+    }[case]
+    live = hand_made(home, "live", [START])
+    if case == "running":
+        runs.write_pid(live, os.getpid())  # this test's process: alive, and the one that wrote it
+    (home / "link").symlink_to(elsewhere.path)
+    capsys.readouterr()
+    assert main(["runs", "rm", "other", *refs] + ([] if case == "no terminal" else ["--yes"])) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert other.path.is_dir() and live.path.is_dir() and elsewhere.events.is_file()
+
+
+@pytest.mark.parametrize("answer", ["n", "y"])
+def test_rm_on_a_terminal_asks_first(answer: str, gputui_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from gputui.views import cloud as view
+
+    run = hand_made(gputui_home / "runs", "r1", DONE)
+    asked: list[str] = []
+    monkeypatch.setattr(view.sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda question: asked.append(question) or answer)
+    assert main(["runs", "rm", "r1"]) == (0 if answer == "y" else 1)
+    err = capsys.readouterr().err
+    assert len(asked) == 1 and asked[0].startswith("remove 1 run (") and asked[0].endswith("? [y/N] ")
+    assert "r1  done  " in err  # what it would remove, listed before the question
+    assert run.path.exists() == (answer == "n")
+    assert ("nothing removed" in err) == (answer == "n")

@@ -84,6 +84,15 @@ CASES = [
     (units.count, (999,), "999"),
     (units.count, (60000,), "60,000"),
     (units.count, (1234567.6,), "1,234,568"),
+    # sizes of files
+    (units.size, (None,), NA),
+    (units.size, (0,), "0 B"),
+    (units.size, (1023,), "1023 B"),
+    (units.size, (1024,), "1 KiB"),
+    (units.size, (60_000,), "59 KiB"),
+    (units.size, (1_048_000,), "1023 KiB"),
+    (units.size, (1_048_576,), "1 MiB"),
+    (units.size, (1_610_612_736,), "1.5 GiB"),
     # durations
     (units.duration, (None,), NA),
     (units.duration, (0,), "0s"),
@@ -104,7 +113,8 @@ def test_format(func, args, expected) -> None:
     assert func(*args) == expected
 
 
-@pytest.mark.parametrize("name", ["mem", "mib", "temp", "power", "watts", "pct", "money", "per_hour", "rate", "count", "duration"])
+@pytest.mark.parametrize("name", ["mem", "mib", "size", "temp", "power", "watts", "pct", "money", "per_hour", "rate", "count",
+                                  "duration"])
 def test_every_function_reads_none_and_nan_as_na(name: str) -> None:
     func = getattr(units, name)
     arity = 2 if name in ("mem", "power") else 1

@@ -1,4 +1,5 @@
-"""`gputui runs`: the list of past runs, and `gputui runs export RUN_ID --csv` for their curves.
+"""`gputui runs`: the list of past runs, `gputui runs export RUN_ID --csv` for their curves, and
+`gputui runs rm RUN_ID...` to remove runs.
 
 The records come from gputui.runs.history (no torch, no UI); ids, models, devices and error lines
 are data from the run directories, shown as Text (never markup) in the table."""
@@ -34,6 +35,17 @@ def register(subparsers: Any) -> None:
     export.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
                         help="look RUN_ID up under DIR (default: the user data dir's runs)")
     export.set_defaults(handler=cmd_export)
+    rm = actions.add_parser(
+        "rm", help="remove past runs (their directories, checkpoints included)",
+        description="Remove past runs: each run's directory under the runs' location (or --dir), its "
+        "checkpoints and logs included. A running run is refused, and so is a --run-dir elsewhere; when "
+        "one is refused nothing is removed. On a terminal it asks first (--yes does not). The runs' "
+        "spend stays in the cost ledger (gputui cost).")
+    rm.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="run ids from `gputui runs`, or 'last'")
+    rm.add_argument("--yes", "-y", action="store_true", help="remove without asking")
+    rm.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
+                    help="the runs are under DIR (default: the user data dir's runs)")
+    rm.set_defaults(handler=cmd_rm)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -60,6 +72,28 @@ def row(s: Any) -> list[str]:
     from gputui.runs.history import cells
 
     return cells(s)
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from gputui.runs import history
+    from gputui.views import cloud as view
+    from gputui.model import units
+    from gputui.model.paths import runs_home
+
+    home = args.dir.expanduser() if getattr(args, "dir", None) is not None else runs_home()
+    doomed = history.removals(args.run_ids, home)  # all checked before any is removed
+    total = sum(r.size for r in doomed)
+    what = units.plural(len(doomed), "run")
+    if not args.yes and view.interactive():
+        for r in doomed:
+            view.say(f"  {r.run.run_id}  {r.state}  {units.size(r.size)}")
+    if not view.confirm(f"remove {what} ({units.size(total)}) from {home}? [y/N] ", args.yes, f"runs rm: removing {what}"):
+        view.say("nothing removed")
+        return 1
+    for r in doomed:
+        history.remove(r)
+        view.say(f"removed run {r.run.run_id} ({units.size(r.size)})")
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:

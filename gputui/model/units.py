@@ -44,6 +44,18 @@ def mib(value: float | int | None) -> str:
     return f"{_gib_number(v / MIB_PER_GIB)} GiB"
 
 
+def size(nbytes: float | int | None) -> str:
+    """A file's size in bytes: "512 B", "37 KiB", then as `mib` ("12 MiB", "1.5 GiB")."""
+    v = _num(nbytes)
+    if v is None:
+        return NA
+    if v < 1024:
+        return f"{v:.0f} B"
+    if round(v / 1024) < 1024:
+        return f"{v / 1024:.0f} KiB"
+    return mib(v / (1 << 20))
+
+
 def mem(used_mib: float | int | None, total_mib: float | int | None) -> str:
     """Used of total memory (both MiB), in the total's unit: "4.0/80 GiB", "300/512 MiB".
     An unknown total shows the used amount alone; an unknown used amount is NA."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 import shlex
 import sqlite3
@@ -449,6 +450,66 @@ def export_csv(run_dir: str | Path, out: Path | None = None) -> tuple[Path, int]
     except OSError as exc:
         raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
     return target, count
+
+
+# -- removing runs ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Removal:
+    """A run `gputui runs rm` is about to remove: what it is, and the bytes it frees."""
+
+    run: runs.RunDir
+    state: str
+    size: int
+
+
+def removals(refs: Iterable[str], home: Path | None = None) -> list[Removal]:
+    """The runs `refs` name (ids, `last`, paths), each checked before anything is removed, so a
+    refused one removes none: it must be a directory directly under `home` (not a link, not a
+    `--run-dir` elsewhere, which may sit inside the user's own project), and not running (its
+    run.pid's process alive, or its event log open for writing)."""
+    home = runs_home() if home is None else home
+    out: dict[Path, Removal] = {}
+    for ref in refs:
+        run = runs.find(ref, home, flag="runs rm")
+        try:
+            inside = not run.path.is_symlink() and run.path.resolve().parent == home.resolve()
+        except OSError:
+            inside = False
+        if not inside:
+            raise UserError(f"runs rm {ref}: {run.path} is not a run directory in {home}; only runs there are "
+                            "removed (remove a --run-dir elsewhere yourself, or pass --dir)")
+        writing = runs.written_files([run.events])
+        if _running(run, writing):
+            raise UserError(f"runs rm {ref}: run {run.run_id} is running; stop it first (Ctrl-C where it runs, "
+                            "or t in the dashboard), then remove it")
+        digest = summaries.read(run)
+        state, _detail = _state(digest, False, None)
+        out.setdefault(run.path.resolve(), Removal(run, state, _size(run.path)))
+    return list(out.values())
+
+
+def remove(removal: Removal) -> None:
+    """Remove a run's directory (links inside are removed, never followed). Its spend stays in
+    the cost ledger (`gputui cost`): money spent is history."""
+    import shutil
+
+    try:
+        shutil.rmtree(removal.run.path)
+    except OSError as exc:
+        raise GputuiError(f"cannot remove {removal.run.path}: {exc.strerror or exc}") from None
+
+
+def _size(path: Path) -> int:
+    """The bytes of the files under `path` (links not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 # -- small readers ---------------------------------------------------------------------------------
