@@ -91,7 +91,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
         view.say("nothing removed")
         return 1
     for r in doomed:
-        history.remove(r)
+        history.delete_run(r.run)  # checked again just before: it may have been resumed since
         view.say(f"removed run {r.run.run_id} ({units.size(r.size)})")
     return 0
 

@@ -269,21 +269,6 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}%"
 
 
-def delete_run(run: runs.RunDir) -> None:
-    """Remove a run's directory (UserError while its process is alive, or for a directory that is
-    not a run: one without profile.toml and events.jsonl)."""
-    import shutil
-
-    if runs.live_process(run) is not None:
-        raise UserError(f"run {run.run_id} is still running: stop it first")
-    if not (run.profile.is_file() or run.events.is_file()):
-        raise UserError(f"{run.path}: not a run directory (no {runs.PROFILE}, no {runs.EVENTS})")
-    try:
-        shutil.rmtree(run.path)
-    except OSError as exc:
-        raise UserError(f"cannot delete {run.path}: {exc.strerror or exc}") from None
-
-
 # -- curves ---------------------------------------------------------------------------------------
 
 def curves(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -479,25 +464,40 @@ def removals(refs: Iterable[str], home: Path | None = None) -> list[Removal]:
         if not inside:
             raise UserError(f"runs rm {ref}: {run.path} is not a run directory in {home}; only runs there are "
                             "removed (remove a --run-dir elsewhere yourself, or pass --dir)")
-        writing = runs.written_files([run.events])
-        if _running(run, writing):
-            raise UserError(f"runs rm {ref}: run {run.run_id} is running; stop it first (Ctrl-C where it runs, "
-                            "or t in the dashboard), then remove it")
+        why = running_refusal(run)
+        if why is not None:
+            raise UserError(f"runs rm {ref}: {why}")
         digest = summaries.read(run)
         state, _detail = _state(digest, False, None)
         out.setdefault(run.path.resolve(), Removal(run, state, _size(run.path)))
     return list(out.values())
 
 
-def remove(removal: Removal) -> None:
-    """Remove a run's directory (links inside are removed, never followed). Its spend stays in
-    the cost ledger (`gputui cost`): money spent is history."""
+def running_refusal(run: runs.RunDir) -> str | None:
+    """Why `run` cannot be removed now (its run.pid's process is alive, or a process holds its
+    event log open for writing), or None."""
+    if _running(run, runs.written_files([run.events])):
+        return (f"run {run.run_id} is running; stop it first (Ctrl-C where it runs, or t in the dashboard), "
+                "then remove it")
+    return None
+
+
+def delete_run(run: runs.RunDir) -> None:
+    """Remove a run's directory: the one remover (`gputui runs rm`, the dashboard's runs screen).
+    UserError while it runs, or for a directory that is not a run (no profile.toml, no
+    events.jsonl). Links inside are removed, never followed. Its spend stays in the cost ledger
+    (`gputui cost`): money spent is history."""
     import shutil
 
+    why = running_refusal(run)
+    if why is not None:
+        raise UserError(why)
+    if not (run.profile.is_file() or run.events.is_file()):
+        raise UserError(f"{run.path}: not a run directory (no {runs.PROFILE}, no {runs.EVENTS})")
     try:
-        shutil.rmtree(removal.run.path)
+        shutil.rmtree(run.path)
     except OSError as exc:
-        raise GputuiError(f"cannot remove {removal.run.path}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot remove {run.path}: {exc.strerror or exc}") from None
 
 
 def _size(path: Path) -> int:
