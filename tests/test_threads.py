@@ -202,3 +202,34 @@ def test_the_governor_follows_the_load_while_a_run_trains() -> None:
     assert gov.tick() is None  # 2 s: too short a window to decide
     run(4, others=0.0, own=1.0)
     assert gov.tick() == 2 and gov.changes == 2  # the hogs left
+
+
+def test_a_thread_count_set_past_the_usable_cpus_is_warned() -> None:
+    from gputui.train.threads import too_many_threads
+
+    two = CpuView(cores=2, busy=1.9)  # what others use does not count: it changes while a run goes on
+    assert too_many_threads(2, 1, two) is None
+    assert too_many_threads(1, 2, two) is None
+    said = too_many_threads(3, 1, two)
+    assert said is not None and said.startswith("3 threads (--threads or the profile) are more than the 2 cores here")
+    said = too_many_threads(2, 2, two)
+    assert said is not None and said.startswith("2 threads in each of 2 processes (--threads")
+    assert "cgroup quota 1.5 CPUs" in (too_many_threads(2, 1, CpuView(cores=8, quota=1.5)) or "")
+    assert "affinity 4 of 64 cores" in (too_many_threads(5, 1, CpuView(cores=64, affinity=4)) or "")
+
+
+def test_gputui_run_warns_of_too_many_threads_in_one_line(small_data: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputui.cli import main
+    from gputui.train import threads
+
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(threads, "cgroup_quota", lambda: None)
+    args = ["run", "--json", "--data", str(small_data), "--epochs", "1", "--batch-size", "256"]
+    assert main([*args, "--threads", "3"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == ["gputui: warning: 3 threads (--threads or the profile) are more than the 2 cores here: they "
+                      "wait on each other and the run slows down; leave threads unset and gputui picks what is free"]
+    assert main([*args, "--threads", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -364,6 +364,12 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
         say(str(exc))
         return 0
     local = cluster_profile(run_dir.path) is None  # cluster runs keep their own ledger lines
+    if local and cfg.threads:  # a cluster's nodes have CPUs of their own
+        from gputui.train.threads import too_many_threads
+
+        crowded = too_many_threads(cfg.threads, (cfg.nproc or 2) if cfg.strategy == "ddp" else 1)
+        if crowded is not None:
+            say(f"gputui: warning: {crowded}")
     # run.pid: any dashboard on this machine can find this run, follow its events and stop it.
     source = None if resume else (req.profile or default_profile())
     runs.write_pid(run_dir, os.getpid(), source.expanduser().resolve() if source is not None else None)

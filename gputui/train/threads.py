@@ -252,6 +252,22 @@ def run_threads(setting: int | None, env: Mapping[str, str], workers: int = 1,
     return choose_threads(workers, view)
 
 
+def too_many_threads(setting: int, workers: int = 1, view: CpuView | None = None) -> str | None:
+    """A warning when a thread count someone set (--threads, the profile) gives this machine's
+    usable CPUs more threads than they can run at once (what others use aside: that changes),
+    else None. torch's threads spin and wait on each other: a run slows down many times."""
+    if view is None:
+        view = CpuView(cores=os.cpu_count() or 1, quota=cgroup_quota(),
+                       affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    workers = max(1, workers)
+    usable, what = view.usable()
+    if setting * workers <= usable:
+        return None
+    each = f" in each of {workers} processes" if workers > 1 else ""
+    return (f"{setting} threads{each} (--threads or the profile) are more than the {what} here: they wait on "
+            "each other and the run slows down; leave threads unset and gputui picks what is free")
+
+
 def rank_fields(setting: int | None, env: Mapping[str, str]) -> dict[str, object]:
     """A DDP rank's threads and why, for its start event: torch's count now (the setting, else the
     OMP_NUM_THREADS its launcher chose; torch is imported by then)."""
