@@ -36,7 +36,9 @@ def test_default_profile_is_the_seed_network_on_auto() -> None:
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("[run]\nmodel = \"seed\"\nepochz = 3\n", r"p.toml:3: \[run\] epochz: unknown key"),
+        ("[run]\nmodel = \"seed\"\nepochz = 3\n", r"p.toml:3: \[run\] epochz: unknown key, did you mean `epochs`\? \(known"),
+        ("[run]\nbatchsize = 3\n", r"\[run\] batchsize: unknown key, did you mean `batch_size`\? \(known"),
+        ("[run]\nwhatever = 3\n", r"\[run\] whatever: unknown key \(known keys: batch_size,"),  # nothing near it
         ("[run]\n\nepochs = \"ten\"\n", r"p.toml:3: \[run\] epochs: expected a whole number >= 1 and <= 100000, got 'ten'"),
         ("[run]\nepochs = 0\n", r"p.toml:2: \[run\] epochs: expected a whole number >= 1"),
         ("[run]\nlr = -0.1\n", r"\[run\] lr: expected a number > 0"),
@@ -44,7 +46,7 @@ def test_default_profile_is_the_seed_network_on_auto() -> None:
         ("[run]\ndevice = \"gpu\"\n", r"\[run\] device: expected 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"),
         ("[run]\nbetas = [0.9]\n", r"\[run\] betas: expected a list of two numbers"),
         ("[run]\nepochs = true\n", r"\[run\] epochs: expected a whole number"),
-        ("[clouds]\nregion = \"x\"\n", r"p.toml:1: clouds: unknown table or key"),
+        ("[clouds]\nregion = \"x\"\n", r"p.toml:1: clouds: unknown table or key, did you mean `cloud`\? \(a profile"),
         ("run = 3\n", r"\[run\] must be a table"),
         ("[run\nmodel=1", r"p.toml: not valid TOML"),
     ],

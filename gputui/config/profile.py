@@ -22,7 +22,7 @@ from gputui.config.cluster import CLUSTER_SECTION, ClusterSettings
 from gputui.config.free import FREE_SECTION, FreeRule
 from gputui.config.hosts import HOSTS_SECTION, HostSpec
 from gputui.config.run import RUN_SECTION, RunConfig, RunSettings
-from gputui.config.schema import Section, Source
+from gputui.config.schema import Section, Source, did_you_mean
 from gputui.config.sweep import SWEEP_SECTION, SweepSpec
 from gputui.config.ui import UI_SECTION, UiSettings
 from gputui.model.errors import UserError, read_user_file
@@ -65,7 +65,8 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
     for name in doc:
         if name not in PROFILE_SECTIONS:
             known = ", ".join(f"[{s}]" for s in PROFILE_SECTIONS)
-            raise source.error(None, name, f"unknown table or key (a profile has {known})")
+            raise source.error(None, name, f"unknown table or key{did_you_mean(name, PROFILE_SECTIONS)} "
+                                           f"(a profile has {known})")
     tables = {name: PROFILE_SECTIONS[name].validate_any(value, source) for name, value in doc.items() if name != "run"}
     run = RUN_SECTION.validate(doc.get("run", {}), source)
     if "data" in run and path is not None:

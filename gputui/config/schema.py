@@ -15,7 +15,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from gputui.model.errors import UserError
 from gputui.model.outside import number
@@ -133,6 +133,14 @@ class Field:
             raise ValueError(self.expected())
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """", did you mean `model`?" for a near miss of one of `known` (a typo), else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.7)
+    return f", did you mean `{close[0]}`?" if close else ""
+
+
 @dataclass(frozen=True)
 class Section:
     """A TOML table: its name and its fields, each documented."""
@@ -163,7 +171,7 @@ class Section:
             spec = self.fields.get(key)
             if spec is None:
                 known = ", ".join(sorted(self.fields))
-                raise source.error(self.name, key, f"unknown key (known keys: {known})")
+                raise source.error(self.name, key, f"unknown key{did_you_mean(key, self.fields)} (known keys: {known})")
             try:
                 out[key] = spec.coerce(value)
             except ValueError as exc:
