@@ -203,7 +203,7 @@ def test_resuming_a_finished_run_says_it_is_complete(small_data: Path, tmp_path:
     assert main(["run", "--json", "--resume", str(run_dir)]) == 0
     out, err = capsys.readouterr()
     assert out == ""  # no events: nothing ran
-    assert err == f"run {run_dir} is already complete (1 epochs); resume with --epochs M (more than 1) to train more\n"
+    assert err == f"run {run_dir} is already complete (1 epoch); resume with --epochs M (more than 1) to train more\n"
     assert (run_dir / "events.jsonl").read_text() == before
     # More epochs train on from where it ended.
     assert main(["run", "--json", "--resume", str(run_dir), "--epochs", "2"]) == 0

@@ -78,7 +78,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         validate(cfg)
         done_epochs = completed_epochs(run)
         if done_epochs is not None and cfg.epochs <= done_epochs:
-            raise AlreadyComplete(f"run {_ref(run)} is already complete ({done_epochs} epochs); resume with "
+            raise AlreadyComplete(f"run {_ref(run)} is already complete ({plural(done_epochs, 'epoch')}); resume with "
                                   f"--epochs M (more than {done_epochs}) to train more")
         from gputui.jobs.gpus import free_table
 
