@@ -272,17 +272,19 @@ def test_a_sigterm_while_the_program_exits_does_not_end_it_with_143(tmp_path: Pa
     """A program stops by itself on `should_stop()` (the stop file comes before gputui's SIGTERM);
     the SIGTERM lands as Python shuts down, after it put SIGTERM's default back: the program's own
     status stays (a sweep's pruned trial once ended `interrupted` with exit_code 143 this way).
-    The signal is sent from a module global's __del__, which runs after that point."""
-    code = ("import os, signal, sys, time\nfrom gputui import report\n"
+    The signal is sent from a module global's __del__, which runs after that point (a kill of
+    oneself is delivered before os.kill returns)."""
+    code = ("import os, signal, sys\nfrom gputui import report\n"
             "class Late:\n    def __del__(self):\n"
-            "        os.kill(os.getpid(), signal.SIGTERM)\n        time.sleep(0.2)\n"
-            "        os.write(1, b'still here')\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n        os.write(1, b'still here')\n"
             "late = Late()\n")
-    done = run_report(code, {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")})
+    env = {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")}
+    # The hazard itself, shown with a program's own handler (gputui leaves that one alone):
+    control = run_report("import signal\nsignal.signal(signal.SIGTERM, lambda *_: None)\n" + code, env)
+    if control.returncode != -signal.SIGTERM:
+        pytest.skip(f"this Python keeps SIGTERM's handler through its module teardown ({control.returncode})")
+    done = run_report(code, env)
     assert (done.returncode, done.stdout) == (0, "still here"), done.stderr
-    with_own = run_report("import signal\nsignal.signal(signal.SIGTERM, lambda *_: None)\n" + code,
-                          {"GPUTUI_EVENTS": str(tmp_path / "r.jsonl")})
-    assert with_own.returncode == -signal.SIGTERM  # a program's own handler is its own: gputui leaves it
 
 
 def test_a_report_the_disk_refuses_costs_the_report_never_the_program(tmp_path: Path) -> None:
