@@ -57,12 +57,24 @@ def test_single_and_ddp_on_two_cpu_processes_agree(small_data: Path, tmp_path: P
     assert moved
 
 
-def test_ddp_batch_must_split_evenly(small_data: Path, tmp_path: Path) -> None:
-    result = run_cli("run", "--data", str(small_data), "--epochs", "1", "--batch-size", "63",
-                     "--strategy", "ddp", "--nproc", "2", "--device", "cpu", "--run-dir", str(tmp_path / "r"))
-    assert result.returncode == 2
-    assert "does not split evenly over 2 ddp processes" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_ddp_batch_must_split_evenly_and_says_so_before_anything_starts(
+        small_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputui.cli import main
+    from gputui.config.run import uneven_batch
+    from gputui.train import distributed
+
+    def launch(*args: object, **kwargs: object) -> str:
+        raise AssertionError("torchrun was started for a batch that cannot be split")
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    assert main(["run", "--data", str(small_data), "--epochs", "1", "--batch-size", "63", "--strategy", "ddp",
+                 "--nproc", "2", "--device", "cpu", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("gputui: error: batch_size 63 does not split evenly over 2 ddp processes; use a multiple of 2, "
+                   "e.g. --batch-size 62\n")
+    assert not (tmp_path / "r").exists()  # refused before its run directory, or any process, exists
+    assert uneven_batch(64, 2) is None and uneven_batch(5, 1) is None
+    assert (uneven_batch(3, 4) or "").endswith("use a multiple of 4, e.g. --batch-size 4")
 
 
 # A rank ends without Python's interpreter teardown (gputui.train.distributed.exit_rank): torch's

@@ -140,6 +140,16 @@ RUN_SECTION = section_of(
 _TOML_HEADER = "# Resolved profile of this run (written by gputui; used by --resume).\n"
 
 
+def uneven_batch(batch_size: int, world: int) -> str | None:
+    """Why a global batch cannot be split over `world` DDP processes (each rank takes an equal
+    share), or None: checked before a local run starts and again by each trainer."""
+    if world > 1 and batch_size % world:
+        lower = batch_size - batch_size % world
+        return (f"batch_size {batch_size} does not split evenly over {world} ddp processes; use a multiple of "
+                f"{world}, e.g. --batch-size {lower if lower else world}")
+    return None
+
+
 def _dump_toml(doc: Mapping[str, Mapping[str, Any]]) -> str:
     import tomli_w  # lazy: only the master writes profiles (slaves only read them)
 

@@ -143,6 +143,12 @@ def validate(cfg: RunConfig) -> None:
             raise UserError(f"{directory}: no such data directory (--data takes a directory of IDX files)")
         for role in STEMS:
             find_file(directory, role)
+    if cfg.strategy == "ddp":  # known before any process starts where the process count is
+        from gputui.config.run import uneven_batch
+
+        uneven = uneven_batch(cfg.batch_size, cfg.nproc or (2 if cfg.device == "cpu" else 1))
+        if uneven is not None:
+            raise UserError(uneven)
     if cfg.device not in ("auto", "cpu"):
         from gputui.train.devices import resolve_device
 

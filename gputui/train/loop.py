@@ -27,7 +27,7 @@ from torch import nn
 from gputui.model import events
 from gputui.model.supervisor import StopFlag
 from gputui.model.errors import GputuiError, UserError
-from gputui.config.run import RunConfig
+from gputui.config.run import RunConfig, uneven_batch
 from gputui.runs.store import RunDir
 from gputui.train import checkpoint, nets
 from gputui.train.data import Dataset
@@ -83,8 +83,9 @@ class Trainer:
         self.start_info = start_info or {}
         self.governor: Any = None  # gputui.train.threads.Governor: the thread count follows what is free
         world = dist.world if dist else 1
-        if cfg.batch_size % world:
-            raise UserError(f"batch_size {cfg.batch_size} does not split evenly over {world} ddp processes")
+        uneven = uneven_batch(cfg.batch_size, world)
+        if uneven is not None:
+            raise UserError(uneven)
         self.n = len(data.train_images)
         self.steps_per_epoch = self.n // cfg.batch_size
         if self.steps_per_epoch == 0:
