@@ -216,3 +216,33 @@ def test_no_message_counts_with_s_in_brackets() -> None:
                                                      (None, "epoch", "n/a epochs"), (True, "node", "n/a nodes")])
 def test_plural_of_a_count_from_outside(value: Any, noun: str, said: str) -> None:
     assert units.plural_of(value, noun) == said
+
+
+def test_doctor_says_where_runs_are_kept_and_whether_they_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    free = {"bytes": 50 << 30}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 << 30, 0, free["bytes"]))
+    home = tmp_path / "data" / "gputui"  # not made yet: its nearest parent that is, is looked at
+    (tmp_path / "data").mkdir()
+    check = doctor.storage_check(home)
+    assert (check.status, check.detail) == ("pass", f"{home}: 50 GiB free")
+    assert not home.exists()  # nothing is created
+    free["bytes"] = 300 << 20
+    check = doctor.storage_check(home)
+    assert check.status == "warn" and check.detail.startswith(f"{home}: 300 MiB free: runs keep checkpoints")
+    assert "GPUTUI_HOME" in check.fix
+    monkeypatch.setattr(doctor.os, "access", lambda path, mode: False)  # (root may write anywhere: a stub)
+    check = doctor.storage_check(home)
+    assert check.status == "fail" and check.detail == f"{home}: {tmp_path / 'data'}, where it would be made, " \
+                                                      "cannot be written by this account"
+
+    def broken(path: object) -> object:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(shutil, "disk_usage", broken)
+    check = doctor.storage_check(home)
+    assert (check.status, check.detail) == ("fail", f"{home}: Permission denied")
+    assert "storage" in {c.name for c in doctor.local_checks()}

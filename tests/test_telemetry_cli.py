@@ -185,8 +185,9 @@ def test_doctor_checks_local_and_remote(
     rows = {(c["host"], c["name"]): c for c in doc["checks"]}
     assert doc["ok"] is True and all(set(c) == {"host", "name", "status", "detail", "fix"} for c in doc["checks"])
     assert all(c["status"] in ("pass", "warn", "fail") for c in doc["checks"])
-    local = {n for h, n in rows if h == "local"}  # no CUDA and no driver here is one finding, "gpu"
+    local = {n for h, n in rows if h == "local"} - {"storage"}  # no CUDA and no driver here is one finding, "gpu"
     assert local == {"python", "torch", "gpu"} or {"python", "torch", "cuda", "nvml"} <= local, local
+    assert rows[("local", "storage")]["status"] in ("pass", "warn")  # warn: a machine short of room
     assert rows[("local", "python")]["status"] == "pass" and rows[("local", "torch")]["status"] == "pass"
     remote = f"127.0.0.1:{a100.port}"
     for check in ("reachable", "host key", "nvidia-smi"):

@@ -1,4 +1,5 @@
-"""`gputui doctor`'s checks: Python, torch (CUDA, cuDNN, NCCL), NVML and the driver here,
+"""`gputui doctor`'s checks: Python, where runs are kept (writable, room), torch (CUDA, cuDNN,
+NCCL), NVML and the driver here,
 and for each remote host: its bastion (if any), reachable, host key known, nvidia-smi, GPUs,
 Python and torch.
 
@@ -7,21 +8,25 @@ Each check is a row with a status (pass, warn, fail), what was found and how to 
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import sys
 import threading
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from gputui.config.hosts import HostSpec
 from gputui.model.telemetry import HostState
 from gputui.model.text import clean
-from gputui.model.units import plural
+from gputui.model.units import plural, size
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 MIN_PYTHON = (3, 10)
 # The CUDA build of torch, into gputui's own venv (a system pip is refused on PEP 668 systems).
 CUDA_TORCH_FIX = "on a GPU machine: GPUTUI_TORCH=torch sh scripts/setup.sh (the CUDA build of torch)"
+LOW_SPACE = 1 << 30  # free bytes where runs are kept under which checkpoints and logs may not fit
 REMOTE_TIMEOUT_S = 60.0  # importing torch on a cold remote disk is slow
 
 _REMOTE_PROBE = """import sys
@@ -117,8 +122,44 @@ def nvml_checks() -> list[Check]:
     return rows
 
 
+def storage_check(home: Path | None = None) -> Check:
+    """Where runs, checkpoints, the ledger and sweeps are kept (GPUTUI_HOME, else the user data
+    directory): this account can write there, and there is room (a shared server's full home
+    or quota fails a run at its next checkpoint). Nothing is created."""
+    from gputui.model.paths import data_home
+
+    home = data_home() if home is None else home
+    where = home
+    while not where.exists() and where != where.parent:  # not made yet: its nearest parent that is
+        where = where.parent
+    fix_place = "or set GPUTUI_HOME to a directory of yours with room"
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError as exc:
+        return Check("local", "storage", FAIL, f"{home}: {exc.strerror or exc}", f"check the path, {fix_place}")
+    what = "it" if where == home else f"{where}, where it would be made,"
+    if _read_only(where):
+        return Check("local", "storage", FAIL, f"{home}: {what} is on a read-only file system", f"set GPUTUI_HOME "
+                     "to a directory of yours with room")
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        return Check("local", "storage", FAIL, f"{home}: {what} cannot be written by this account",
+                     f"fix its permissions, {fix_place}")
+    free = f"{home}: {size(usage.free)} free"
+    if usage.free < LOW_SPACE:
+        return Check("local", "storage", WARN, f"{free}: runs keep checkpoints and logs there",
+                     f"free space there, {fix_place}")
+    return Check("local", "storage", PASS, free)
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & getattr(os, "ST_RDONLY", 0))
+    except (OSError, AttributeError):
+        return False
+
+
 def local_checks() -> list[Check]:
-    return [python_check(), *no_gpu(torch_checks() + nvml_checks())]
+    return [python_check(), storage_check(), *no_gpu(torch_checks() + nvml_checks())]
 
 
 def no_gpu(rows: list[Check]) -> list[Check]:
