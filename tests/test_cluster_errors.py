@@ -96,7 +96,7 @@ HOSTS = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n\n[[hosts]]\nname = "b"\na
     ("master_trains = false", r"\[cluster\] master_trains: no node to train on"),
     ("nproc_per_node = 0", r"p.toml:\d+: \[cluster\] nproc_per_node: expected a whole number >= 1"),
     ("idle_stop_minutes = -1", r"\[cluster\] idle_stop_minutes: expected a number >= 0"),
-    ("nodez = 2", r"\[cluster\] nodez: unknown key \(known keys: cloud_slaves, hosts, idle_stop_minutes"),
+    ("nodez = 2", r"\[cluster\] nodez: unknown key, did you mean `nodes`\? \(known keys: cloud_slaves, hosts, idle_stop_minutes"),
     ('socket_ifname = "eth 0"', r"\[cluster\] socket_ifname: expected an interface name"),
 ])
 def test_broken_cluster_tables_name_file_and_key(tmp_path: Path, table: str, message: str) -> None:
