@@ -373,7 +373,9 @@ def run(req: RunRequest, view: View, say: Callable[[str], None] = lambda msg: pr
     if local and cfg.threads:  # a cluster's nodes have CPUs of their own
         from gputui.train.threads import too_many_threads
 
-        crowded = too_many_threads(cfg.threads, (cfg.nproc or 2) if cfg.strategy == "ddp" else 1)
+        # DDP's process count where it is known before torch looks (the least otherwise: no false alarm)
+        workers = (cfg.nproc or (2 if cfg.device == "cpu" else 1)) if cfg.strategy == "ddp" else 1
+        crowded = too_many_threads(cfg.threads, workers)
         if crowded is not None:
             say(f"gputui: warning: {crowded}")
     # run.pid: any dashboard on this machine can find this run, follow its events and stop it.
