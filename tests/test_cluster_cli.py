@@ -55,6 +55,9 @@ def test_status_lists_the_master_the_hosts_and_the_running_cloud_slaves(sim_clus
                for n in cloud)
     text = run_cli("cluster", "status", "--profile", str(sim_cluster))
     assert text.returncode == 0 and all(i in text.stdout for i in ids) and "box" in text.stdout
+    alias = run_cli("cluster", "ls", "--json", "--profile", str(sim_cluster))  # as gputui cloud ls
+    assert alias.returncode == 0, alias.stderr
+    assert [(n["name"], n["kind"]) for n in json.loads(alias.stdout)["nodes"]] == [(n["name"], n["kind"]) for n in nodes]
 
 
 def test_down_terminates_the_cloud_slaves_and_says_the_user_did(sim_cluster: Path) -> None:

@@ -25,13 +25,14 @@ def register(subparsers: Any) -> None:
                        ("down", "terminate the cluster's cloud slaves"),
                        ("status", "list the cluster's nodes"),
                        ("idle", "terminate cloud slaves idle for idle_stop_minutes")):
-        action = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        action = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                                aliases=["ls"] if name == "status" else [])  # `ls`, as gputui cloud ls
         action.add_argument("--profile", type=Path, default=None, help="cluster profile (default: profiles/cluster.toml)")
         action.add_argument("--json", action="store_true", help="print JSON on stdout")
         if name == "idle":
             action.add_argument("--watch", action="store_true", help="check every --interval seconds until interrupted")
             action.add_argument("--interval", type=float, default=60.0, help="seconds between checks (default 60)")
-        action.set_defaults(handler=cmd_cluster)
+        action.set_defaults(handler=cmd_cluster, cluster_action=name)
 
 
 def _say(message: str) -> None:
@@ -48,7 +49,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         from gputui.cluster.manager import SlaveManager, cloud_context
 
         manager = SlaveManager(settings, cloud_context(settings))
-    action = args.cluster_command
+    action = args.cluster_action
     if action == "status":
         nodes = [{"name": "master", "kind": "master", "address": "this machine", "trains": settings.master_trains}]
         nodes += [{"name": h.name, "kind": "host", "address": h.label()} for h in settings.hosts]
