@@ -209,3 +209,34 @@ def test_cli_prints_permission_errors_as_one_line(tmp_path: Path, stubbed: Any, 
     err = capsys.readouterr().err
     assert err == ("gputui: error: AWS denied ec2:DescribeInstances (UnauthorizedOperation); "
                    "allow it for your IAM user or role\n")
+
+
+class NoCredentials:
+    """A cloud that refuses every call as botocore does without credentials (gputui's one line)."""
+
+    name = "ec2"
+
+    def zones(self) -> list[str]:
+        raise UserError("no AWS credentials found; run `aws configure`")
+
+    def spot_prices(self, instance_type: str, zones: Any) -> dict[str, float]:
+        raise UserError("no AWS credentials found; run `aws configure`")
+
+
+@pytest.mark.parametrize("zones", [(), (f"{REGION}a",)])
+def test_missing_credentials_are_said_before_the_public_address_is_looked_up(tmp_path: Path, zones: tuple[str, ...]) -> None:
+    """A newcomer without AWS credentials and without ssh_cidr hears about the credentials (the
+    zones or the prices ask AWS first), not about a public address the echo service could not give."""
+    looked: list[str] = []
+
+    def resolver() -> str:
+        looked.append("public address")
+        raise OSError("Name or service not known")
+
+    cloud = NoCredentials()
+    settings = CloudSettings(budget_usd=10.0, region=REGION, zones=zones, ssh_cidr=None, source=tmp_path / "p.toml")
+    ctx = CloudContext(settings, cloud, Ledger(tmp_path / "ledger.sqlite3"), "c1", "me@here", prices=cloud)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="no AWS credentials found"):
+        plan_launch(ctx, 1, resolver=resolver)
+    assert looked == []
+    ctx.ledger.close()

@@ -60,10 +60,10 @@ def key_pair_name(public_key: str) -> str:
 def plan_launch(ctx: CloudContext, count: int, resolver: Resolver | None = None) -> LaunchPlan:
     """Price the allowed zones and order the attempts: spot cheapest first, then on-demand.
 
-    The SSH source is settled first (the profile's ssh_cidr, or our public address).
+    The zones and prices come first (what AWS refuses, missing credentials first of all, is said
+    before anything else), then the SSH source (the profile's ssh_cidr, or our public address).
     """
     s = ctx.settings
-    cidr = ssh_cidr(s.ssh_cidr, str(s.source), resolver or resolver_for(ctx.provider.name))
     zones = list(s.zones) or ctx.provider.zones()
     if not zones:
         raise UserError(f"region {s.region} has no available zones")
@@ -72,6 +72,7 @@ def plan_launch(ctx: CloudContext, count: int, resolver: Resolver | None = None)
     attempts = [(q.zone, "spot") for q in priced]
     if s.on_demand_fallback:
         attempts += [(zone, "on-demand") for zone in zones]
+    cidr = ssh_cidr(s.ssh_cidr, str(s.source), resolver or resolver_for(ctx.provider.name))
     plan = LaunchPlan(count, cidr, priced, tuple(attempts))
     if any(plan.rate(z, lc, s.max_price) is None for z, lc in attempts):
         raise UserError(f"no price known for {s.instance_type} (not in gputui's list-price table); "
