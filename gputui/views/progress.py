@@ -49,9 +49,7 @@ class CollectView:
 class JsonView:
     """`--json`: exactly one JSON line per event on stdout, nothing else there. Events are
     written as they came (relayed text included, escaped); a relayed number that is not
-    finite is written as null (gputui.model.events.typed), never as a line that is not JSON.
-    A program's own output (`gputui run --json -- PROGRAM`) goes to stderr as it printed it, so
-    a CI log shows it while stdout stays JSON."""
+    finite is written as null (gputui.model.events.typed), never as a line that is not JSON."""
 
     def __init__(self) -> None:
         self.said_error = False  # an `error` event went out (bad input before the run says its own)
@@ -64,13 +62,6 @@ class JsonView:
             line = encode(typed(event))
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
-
-    def output(self, line: str, stream: str) -> None:
-        try:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):  # stderr closed: the line is in output.log still
-            pass
 
     def close(self) -> None:
         pass
