@@ -246,7 +246,7 @@ class _Pump(threading.Thread):
         self.stream, self.kind, self.log, self.lock, self.line = stream, name, log, lock, line
         self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]")
         self.last = ""
-        self.lost: str | None = None  # why output.log could not take a chunk (said once, by the run)
+        self.lost: str | None = None  # why output.log first refused a chunk (the run says it once)
 
     def run(self) -> None:
         read = getattr(self.stream, "read1", self.stream.read)
@@ -452,6 +452,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     proc: subprocess.Popen[bytes] | None = None
     tree: Tree | None = None
     stopping_at: float | None = None
+    output_lost_said = False
     try:
         with stop_on_signals(stop):
             proc = subprocess.Popen(
@@ -487,7 +488,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 if reported.refused is not None:
                     emit(events.make("warning", reason="bad_report", message=reported.refused))
                     reported.refused = None
-                _say_lost_output(pumps, run.path / OUTPUT, emit)
+                output_lost_said = output_lost_said or _say_lost_output(pumps, run.path / OUTPUT, emit)
                 with output_lock:
                     metrics(pacer.due(time.monotonic(), flush=finished))
                 if finished and not got:
@@ -500,7 +501,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 if not got:
                     time.sleep(POLL_S)
             reported.close()
-            _say_lost_output(pumps, run.path / OUTPUT, emit)
+            output_lost_said = output_lost_said or _say_lost_output(pumps, run.path / OUTPUT, emit)
             # The keeper has ended. Whatever of the program is left (orphans of a keeper that was
             # killed) holds the output pipes open: it ends now, so the pipes reach their end.
             tree.kill()
@@ -541,17 +542,16 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
         log.close()
 
 
-def _say_lost_output(pumps: Sequence[_Pump], path: Path, emit: Callable[[dict[str, Any]], None]) -> None:
-    """One `warning` (reason `output_log`) once output.log refused a chunk: what the program
-    prints still shows and is still read for metrics; the file misses it."""
-    for pump in pumps:
-        if pump.lost is not None and pump.lost != "said":
-            emit(events.make("warning", reason="output_log",
-                             message=f"cannot write {path}: {pump.lost}; the program's output is not all kept there "
-                                     "(it still shows here; free space for the rest)"))
-            for each in pumps:
-                each.lost = "said"
-            return
+def _say_lost_output(pumps: Sequence[_Pump], path: Path, emit: Callable[[dict[str, Any]], None]) -> bool:
+    """One `warning` (reason `output_log`) once output.log refused a chunk, and True; what the
+    program prints still shows and is still read for metrics, the file misses it."""
+    lost = next((pump.lost for pump in pumps if pump.lost is not None), None)
+    if lost is None:
+        return False
+    emit(events.make("warning", reason="output_log",
+                     message=f"cannot write {path}: {lost}; the program's output is not all kept there "
+                             "(it still shows here; free space for the rest)"))
+    return True
 
 
 def _ask_to_stop(run: runs.RunDir, tree: Any) -> None:
