@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -67,13 +67,18 @@ def choose_threads(workers: int = 1, view: CpuView | None = None) -> tuple[int, 
     return n, f"{free:.1f} of {what} free, {others}{share}"
 
 
+def bounds() -> CpuView:
+    """What bounds this process's CPUs (cores, affinity, the cgroup's quota), others' use not
+    looked at: it does not change while a run goes on."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return CpuView(cores=os.cpu_count() or 1, affinity=affinity, quota=cgroup_quota())
+
+
 def machine(since: "Sample | None" = None, sample_s: float = SAMPLE_S) -> CpuView:
     """This machine now. `since`: a Sample taken earlier (e.g. before torch's import), so the
     window costs no extra wait once it is `sample_s` long."""
-    cores = os.cpu_count() or 1
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     busy, how = others_busy(since, sample_s)
-    return CpuView(cores=cores, affinity=affinity, quota=cgroup_quota(), busy=busy, busy_how=how)
+    return replace(bounds(), busy=busy, busy_how=how)
 
 
 class Governor:
@@ -88,10 +93,7 @@ class Governor:
         self.threads = threads
         self.workers = workers
         self.every_s = every_s
-        if view is None:  # what bounds us does not change during a run; what others use does
-            view = CpuView(cores=os.cpu_count() or 1, quota=cgroup_quota(),
-                           affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
-        self._base = view
+        self._base = view if view is not None else bounds()  # what others use changes; these do not
         self._sample = sample or take_sample
         self._since = self._sample()
         self.changes = 0
@@ -256,11 +258,8 @@ def too_many_threads(setting: int, workers: int = 1, view: CpuView | None = None
     """A warning when a thread count someone set (--threads, the profile) gives this machine's
     usable CPUs more threads than they can run at once (what others use aside: that changes),
     else None. torch's threads spin and wait on each other: a run slows down many times."""
-    if view is None:
-        view = CpuView(cores=os.cpu_count() or 1, quota=cgroup_quota(),
-                       affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     workers = max(1, workers)
-    usable, what = view.usable()
+    usable, what = (view if view is not None else bounds()).usable()
     if setting * workers <= usable:
         return None
     each = f" in each of {workers} processes" if workers > 1 else ""
