@@ -391,3 +391,70 @@ def test_off_a_terminal_each_line_of_the_view_is_one_line() -> None:
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("run 20261207-060306-252b: python train.py --flag")
     assert lines[0].endswith(" on CPU") and lines[1] == f"warning: {warning}", lines
+
+
+def test_a_progress_bar_is_split_as_a_terminal_shows_it_and_never_cut() -> None:
+    """tqdm redraws "\r" + the bar thousands of times before its newline: each redraw comes out on
+    its own ("\r"), what a terminal shows of the frame not yet ended comes after each chunk (""),
+    and the last frame is a line; nothing is cut at 64 KiB, and output.log gets every byte."""
+    import io
+    import threading
+
+    from gputui.jobs.program import _Pump
+
+    frames = [f"\rtrain {i}/3000 loss={1 / (i + 1):.6f} {'#' * 20}" for i in range(3000)]
+    data = ("".join(frames) + "\nval_acc=0.97\n").encode()
+    assert len(data) > 2 * 64 * 1024
+    seen: list[tuple[str, str, str]] = []
+    log = io.BytesIO()
+    pump = _Pump(io.BytesIO(data), "stderr", log, threading.Lock(), lambda text, stream, end: seen.append((text, stream, end)))
+    pump.run()
+    assert log.getvalue() == data
+    redraws = [text for text, _, end in seen if end == "\r"]
+    lines = [text for text, _, end in seen if end == "\n"]
+    assert redraws == [f[1:] for f in frames[:-1]] and lines == [frames[-1][1:], "val_acc=0.97"]
+    shown = [text for text, _, end in seen if end == ""]
+    assert shown and all(text.startswith("train ") or text == "" for text in shown)  # frames cut by a chunk's end
+    assert not any("[...]" in text for text, _, _ in seen) and pump.last == "val_acc=0.97"
+
+
+def test_on_a_terminal_a_bar_is_one_line_above_the_status_and_off_it_passes_through(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from rich.console import Console
+
+    from gputui.model.events import make
+    from gputui.views.program import ProgramView
+
+    view = ProgramView()
+    screen = io.StringIO()
+    view.console = Console(file=screen, force_terminal=True, width=100)
+    view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
+                   strategy="single", world_size=1))
+    assert view.live is not None
+
+    def drawn() -> str:
+        out = Console(file=io.StringIO(), width=100)
+        out.print(view._status())
+        return out.file.getvalue()  # type: ignore[attr-defined]
+
+    view.output("train 5/10 \x1b[31mloss=0.2", "stderr", "\r")
+    assert view.progress == ("stderr", "train 5/10 loss=0.2") and "train 5/10 loss=0.2" in drawn()
+    view.output("val_acc=0.9", "stdout", "\n")  # a line of the other stream leaves the bar where it is
+    assert view.progress is not None
+    view.output("train 10/10 loss=0.1", "stderr", "\n")  # the bar's last frame, printed for good
+    assert view.progress is None and "train" not in drawn()
+    view.output("Loading", "stdout", "")  # a line not yet ended shows too, and a blank redraw clears it
+    assert view.progress == ("stdout", "Loading")
+    view.output("  ", "stdout", "\r")
+    assert view.progress is None
+    view.close()
+    printed = screen.getvalue()
+    assert "val_acc=0.9" in printed and "train 10/10 loss=0.1" in printed
+
+    off = ProgramView(stderr=io.StringIO())  # not a terminal: the bytes as they came, no "" frames
+    off.output("train 1/2", "stderr", "\r")
+    off.output("Load", "stderr", "")
+    off.output("train 2/2", "stderr", "\n")
+    assert capsys.readouterr().err == "train 1/2\rtrain 2/2\n"

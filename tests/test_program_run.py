@@ -304,6 +304,44 @@ def test_metrics_regex_turns_output_lines_into_metrics(tmp_path: Path) -> None:
     assert max(e.get("epoch", 0) for e in metrics) == 2
 
 
+def test_a_progress_bar_passes_through_whole_and_its_redraws_are_metrics(tmp_path: Path) -> None:
+    """A tqdm-style bar: 3,000 redraws ("\r" + the bar) before one newline, 150 KB. Before, gputui
+    held it as one line, showed nothing until the newline, then cut it at 64 KiB (" [...]"), and
+    metrics_regex saw only its first frame."""
+    code = ("import sys\n"
+            "for i in range(3000):\n"
+            "    sys.stderr.write(f'\\rtrain {i}/3000 loss={1 / (i + 1):.6f} ' + '#' * 20)\n"
+            "    sys.stderr.flush()\n"
+            "sys.stderr.write('\\n')\n"
+            "sys.stderr.flush()\n"
+            "print('val_acc=0.97', flush=True)\n")
+    (tmp_path / "bar.py").write_text(code)
+    profile = tmp_path / "p.toml"
+    regexes = [r"train (?P<step>\d+)/3000 loss=(?P<loss>[0-9.]+)", r"val_acc=(?P<val_acc>[0-9.]+)"]
+    profile.write_text('[run]\ncommand = ["python", "bar.py"]\nmetrics_regex = [' +
+                       ", ".join(json.dumps(r) for r in regexes) + "]\n")
+    run_dir = tmp_path / "run"
+    done = subprocess.run(argv("run", "--profile", str(profile), "--run-dir", str(run_dir)), env=cli_env(),
+                          cwd="/", capture_output=True, timeout=180)  # bytes: text mode would turn "\r" into "\n"
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr[-2000:]
+    assert "[...]" not in stderr and "\rtrain 2999/3000 loss=0.000333 " + "#" * 20 + "\n" in stderr
+    assert stderr.count("\r") == 2999 and done.stdout == b"val_acc=0.97\n"  # each redraw as it came
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    metrics = [e for e in events if e["event"] == "metrics"]
+    last: dict[str, float] = {}
+    for e in metrics:
+        last.update(e["values"])
+    assert last["loss"] == pytest.approx(0.000333) and last["val_acc"] == pytest.approx(0.97)
+    assert max(e.get("step", 0) for e in metrics) == 2999
+    assert sum(e.get("merged", 1) for e in metrics) == 3000 + 1  # every frame and the line read, paced
+    output = (run_dir / "output.log").read_bytes()
+    # The bytes as the program wrote them (print() writes "val_acc=0.97" and its newline apart, and
+    # the two streams' chunks land in output.log as each is read: the stderr's may come between).
+    written = "".join(f"\rtrain {i}/3000 loss={1 / (i + 1):.6f} " + "#" * 20 for i in range(3000)) + "\nval_acc=0.97\n"
+    assert output.count(b"\r") == 3000 and b"val_acc=0.97" in output and len(output) == len(written.encode())
+
+
 def test_ddp_runs_the_program_through_torchrun(tmp_path: Path) -> None:
     code = ("import os\nimport torch.distributed as dist\nfrom gputui import report\n"
             "dist.init_process_group('gloo')\nimport torch\nt = torch.ones(1) * (dist.get_rank() + 1)\n"

@@ -283,6 +283,42 @@ def test_line_splitter_holds_at_most_a_line_and_searches_each_byte_once() -> Non
     assert dropping.feed(b"12345\nok\n") == [b"ok"] and dropping.cut == 1 and dropping.finish() is None
 
 
+def test_with_redraws_a_progress_bar_is_short_segments_never_one_line_cut() -> None:
+    """tqdm draws "\r" + the bar each update and ends with "\n": an hour of it is megabytes with
+    no newline. Split as a terminal shows it, each redraw is a segment ending in b"\r"."""
+    bar = LineSplitter(64, b"~", redraws=True)
+    out: list[bytes] = []
+    for i in range(5000):  # 5000 x ~30 bytes: far past max_line
+        out += bar.feed(f"\rEpoch 1: {i}/5000 loss=0.{i:04d}".encode())
+        assert bar.held <= 64
+    assert bar.pending(64) == b"Epoch 1: 4999/5000 loss=0.4999"  # what a terminal shows now
+    assert bar.pending(5) == b"Epoch"
+    out += bar.feed(b"\nnext\n")
+    assert bar.cut == 0 and out[0] == b"Epoch 1: 0/5000 loss=0.0000\r" and len(out) == 5001
+    assert out[-2:] == [b"Epoch 1: 4999/5000 loss=0.4999", b"next"]  # the last frame is a line
+    assert bar.scanned == bar.fed  # each byte searched once
+
+
+@pytest.mark.parametrize("chunks, segments", [
+    ([b"a\r\nb\n"], [b"a", b"b"]),  # CRLF ends a line
+    ([b"a\r", b"\nb\n"], [b"a", b"b"]),  # ... also when the chunk ends between the two
+    ([b"a\r", b"b\n"], [b"a\r", b"b"]),  # a redraw that ended a chunk
+    ([b"\r\ra\r \r", b"z\n"], [b"a\r", b" \r", b"z"]),  # empty segments are nothing; a blank one clears a bar
+])
+def test_redraw_segments_and_crlf_lines(chunks: list[bytes], segments: list[bytes]) -> None:
+    splitter = LineSplitter(64, redraws=True)
+    out = [seg for chunk in chunks for seg in splitter.feed(chunk)]
+    assert out == segments and splitter.scanned == splitter.fed
+    assert splitter.finish() is None
+
+
+def test_a_last_redraw_keeps_its_return_and_without_redraws_nothing_changed() -> None:
+    splitter = LineSplitter(64, redraws=True)
+    assert splitter.feed(b"x\ry\r") == [b"x\r"] and splitter.finish() == b"y\r"
+    plain = LineSplitter(64)
+    assert plain.feed(b"a\rb\r\nc\n") == [b"a\rb\r", b"c"]  # an events file's splitter: bytes as they are
+
+
 # -- SSH telemetry -------------------------------------------------------------------------------------
 
 def flooding_host(factory: SshdFactory, root: Path, script: str) -> Sshd:

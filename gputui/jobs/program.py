@@ -40,6 +40,7 @@ EVENTS_PER_S = 50.0  # metrics events written at most this often; faster reports
 READ_CHUNK = 1 << 20
 READS_PER_TICK = 64  # at most 64 MiB of reports read between two looks at the program and the stop flag
 POLL_S = 0.05
+SHOWN_PENDING = 4096  # bytes of a line not yet ended that the terminal view gets (a wide terminal's line)
 STEP_KEYS = ("step", "epoch")  # named groups of a metrics_regex that place a line, not measure it
 
 
@@ -239,17 +240,22 @@ def program_env(base: Mapping[str, str], run: runs.RunDir, extra: Mapping[str, s
 
 
 class _Pump(threading.Thread):
-    """One output stream of the program: to output.log unchanged, and line by line to `line`."""
+    """One output stream of the program: to output.log unchanged, and segment by segment to
+    `line(text, stream, end)`, split as a terminal shows it: `end` is "\n" for a line, "\r" for a
+    progress bar's redraw, and "" for what is shown of a segment not yet ended (after each chunk,
+    when it changed: a bar drawn as "\r" + text shows now, not at its next redraw)."""
 
-    def __init__(self, stream: Any, name: str, log: Any, lock: threading.Lock, line: Callable[[str, str], None]) -> None:
+    def __init__(self, stream: Any, name: str, log: Any, lock: threading.Lock,
+                 line: Callable[[str, str, str], None]) -> None:
         super().__init__(name=f"gputui-{name}", daemon=True)
         self.stream, self.kind, self.log, self.lock, self.line = stream, name, log, lock, line
-        self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]")
+        self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]", redraws=True)
         self.last = ""
         self.lost: str | None = None  # why output.log first refused a chunk (the run says it once)
 
     def run(self) -> None:
         read = getattr(self.stream, "read1", self.stream.read)
+        shown = b""
         while True:
             try:
                 chunk = read(65536)
@@ -265,17 +271,23 @@ class _Pump(threading.Thread):
                 except OSError as exc:  # a full disk costs the log, never the run
                     if self.lost is None:
                         self.lost = str(exc.strerror or exc)
-            for raw in self.splitter.feed(chunk):
-                text = raw.decode("utf-8", errors="replace").rstrip("\r")
-                if text.strip():
-                    self.last = text
-                self.line(text, self.kind)
-        rest = self.splitter.feed(b"\n") if self.splitter.held else []
-        for raw in rest:
-            text = raw.decode("utf-8", errors="replace")
-            if text.strip():
-                self.last = text
-            self.line(text, self.kind)
+            done = self.splitter.feed(chunk)
+            for raw in done:
+                self._segment(raw)
+            pending = self.splitter.pending(SHOWN_PENDING)
+            if pending != shown or (done and pending):
+                shown = pending
+                self.line(pending.decode("utf-8", errors="replace"), self.kind, "")
+        rest = self.splitter.finish()
+        if rest is not None:
+            self._segment(rest)
+
+    def _segment(self, raw: bytes) -> None:
+        end = "\r" if raw.endswith(b"\r") else "\n"
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if text.strip():
+            self.last = text
+        self.line(text, self.kind, end)
 
 
 def command_text(command: Sequence[str]) -> str:
@@ -437,15 +449,16 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
 
     output_lock = threading.Lock()
 
-    def on_line(text: str, stream: str) -> None:
+    def on_line(text: str, stream: str, end: str) -> None:
         shown = getattr(view, "output", None)
         if shown is not None:
-            shown(text, stream)
-        record = outputs.match(text) if outputs.patterns else None
+            shown(text, stream, end)
+        record = outputs.match(text) if outputs.patterns and end else None  # a line, or a bar's redraw
         if record is not None:
             with output_lock:
                 metrics(pacer.add(record, time.monotonic()))
 
+    tick = getattr(view, "tick", None)  # a terminal view draws what changed while nothing else comes
     stop = stop if stop is not None else StopFlag()
     emit(events.make("start", **start))
     output_file = open(run.path / OUTPUT, "ab", buffering=0)
@@ -498,6 +511,8 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                     _ask_to_stop(run, tree)
                 if stopping_at is not None and time.monotonic() - stopping_at > cfg.stop_grace_s + 5:
                     tree.kill()  # the keeper itself did not end the program in its grace
+                if tick is not None:
+                    tick()
                 if not got:
                     time.sleep(POLL_S)
             reported.close()

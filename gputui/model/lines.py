@@ -6,6 +6,11 @@ cost, not a thousand re-splits), and holds at most `max_line` bytes of a line no
 A line longer than that is cut (`marker` appended: the line is shown, the rest of it until
 its newline is dropped) or, with no marker, dropped whole and counted: an events file's
 line that long is not an event of ours.
+
+With `redraws`, a program's output is split as a terminal shows it: a carriage return not
+followed by a newline ends a segment too (a progress bar's redraw: tqdm, Keras, pip), returned
+with its b"\r" kept so that it can be told from a line; b"\r\n" ends a line. A bar that
+redraws itself for an hour is a stream of short segments, not one line cut at `max_line`.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ class LineSplitter:
     """Splits a stream of byte chunks into lines without their b"\\n", each at most `max_line`
     bytes (a cut line: `max_line` bytes, then `marker`)."""
 
-    def __init__(self, max_line: int, marker: bytes | None = None) -> None:
+    def __init__(self, max_line: int, marker: bytes | None = None, redraws: bool = False) -> None:
         self.max_line = max_line
         self.marker = marker
+        self.redraws = redraws
+        self._cr = False  # a b"\r" ended the last chunk: the next one says whether a newline follows it
         self._parts: list[bytes] = []  # the line not yet ended, in pieces (joined once, when it ends)
         self._held = 0  # their bytes: never more than max_line
         self._skipping = False  # inside an over-long line already cut or dropped: skip to its newline
@@ -37,35 +44,91 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The lines that `data` completes (and, with a marker, an over-long line cut as soon as
-        it passes `max_line`, before its newline comes)."""
+        it passes `max_line`, before its newline comes); with `redraws`, also the segments that a
+        carriage return ends, each with its b"\r" (an empty one is left out)."""
         out: list[bytes] = []
         self.ends = []
         self.fed += len(data)
         start, n = 0, len(data)
+        base = self.fed - n
+        if self._cr and n:  # the last chunk ended in b"\r": a line's end if a newline comes now
+            self._cr = False
+            crlf = data[:1] == b"\n"
+            start = 1 if crlf else 0
+            self.scanned += start
+            self._end(b"", out, redraw=not crlf, at=base + start)
+        newline = -2  # where the next b"\n" is (-1: none left in data); found once, used by every b"\r" before it
         while start < n:
-            nl = data.find(b"\n", start)
+            if newline != -1 and newline < start:
+                newline = data.find(b"\n", start)
+            nl = newline
+            if self.redraws:
+                cr = data.find(b"\r", start, newline if newline >= 0 else n)
+                nl = cr if cr >= 0 else newline
             self.scanned += (nl if nl >= 0 else n) - start + (nl >= 0)
             if nl < 0:
                 self._hold(data[start:], out)
                 break
-            self.line_start = self.fed - n + nl + 1
-            if self._skipping:
-                self._skipping = False
-            elif self._held + nl - start > self.max_line:
-                self._hold(data[start:nl], out)  # cuts or drops it
-                self._skipping = False  # and its newline is here
-            else:
-                out.append(self._take(data[start:nl]))
-            self.ends.extend([self.line_start] * (len(out) - len(self.ends)))
-            start = nl + 1
+            after, redraw = nl + 1, False
+            if data[nl] == 13:  # b"\r"
+                if after == n:  # the chunk's last byte: the next chunk tells
+                    self._hold(data[start:nl], out)
+                    self._cr = True
+                    break
+                if data[after] == 10:  # b"\r\n": a line's end
+                    after += 1
+                    self.scanned += 1
+                else:
+                    redraw = True
+            if redraw or self._skipping or self._parts or nl - start > self.max_line:
+                self._end(data[start:nl], out, redraw, at=base + after)
+            else:  # the common case, a whole line in this chunk, inline: a program that prints fast pays little
+                out.append(data[start:nl])
+                self.line_start = base + after
+                self.ends.append(self.line_start)
+            start = after
         self.ends.extend([self.fed] * (len(out) - len(self.ends)))  # a line cut before its newline came
         return out
 
+    def _end(self, piece: bytes, out: list[bytes], redraw: bool, at: int) -> None:
+        """The segment held so far and `piece` end here (before byte `at` of all fed)."""
+        self.line_start = at
+        if self._skipping:
+            self._skipping = False
+        elif self._held + len(piece) > self.max_line:
+            self._hold(piece, out)  # cuts or drops it
+            self._skipping = False  # and its end is here
+        else:
+            line = self._take(piece)
+            if not redraw:
+                out.append(line)
+            elif line:
+                out.append(line + b"\r")
+        self.ends.extend([at] * (len(out) - len(self.ends)))
+
+    def pending(self, most: int) -> bytes:
+        """The first `most` bytes of the segment not yet ended (what a terminal shows on its last
+        line). At most `most` bytes are copied: a line that comes a byte at a time costs each
+        call `most`, not all it holds."""
+        if self._skipping:
+            return b""
+        out: list[bytes] = []
+        room = most
+        for part in self._parts:
+            if room <= 0:
+                break
+            out.append(part[:room])
+            room -= len(out[-1])
+        return b"".join(out)
+
     def finish(self) -> bytes | None:
         """The bytes after the last newline (a last line without one), or None if there are none
-        (or they were part of a line already cut or dropped); the splitter is empty after."""
+        (or they were part of a line already cut or dropped); the splitter is empty after. With
+        `redraws`, a last segment that a b"\r" ended keeps it."""
         tail = None if self._skipping or not self._parts else b"".join(self._parts)
-        self._parts, self._held, self._skipping = [], 0, False
+        if tail is not None and self._cr:
+            tail += b"\r"
+        self._parts, self._held, self._skipping, self._cr = [], 0, False, False
         return tail
 
     def _take(self, piece: bytes) -> bytes:

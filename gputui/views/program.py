@@ -45,18 +45,33 @@ class ProgramView:
         self._rate_from: tuple[float, int] | None = None
         self.gpus = "CPU"
         self.program = ""
+        self.progress: tuple[str, str] | None = None  # (stream, text): a progress bar as it now looks
         self._drawn = 0.0
+        self._dirty = False  # something changed that the last draw did not show
 
     # -- what the runner gives ------------------------------------------------------------
-    def output(self, line: str, stream: str) -> None:
+    def output(self, line: str, stream: str, end: str = "\n") -> None:
+        """A line of the program's (`end` "\n"), a progress bar's redraw ("\r"), or what shows of
+        a line not yet ended (""). On a terminal a bar stays one line, just above the status line,
+        redrawn in place; off a terminal a redraw passes through as it came (text, then "\r")."""
         if self.live is not None:
+            if end != "\n":
+                text = clean(line.replace("\t", "    "))
+                self.progress = (stream, text) if text.strip() else None
+                self._draw()
+                return
             from rich.text import Text
 
+            if self.progress is not None and self.progress[0] == stream:
+                self.progress = None  # the line that ended it is printed now
+                self._dirty = True
             self.live.console.print(Text(clean(line.replace("\t", "    "))), soft_wrap=True, highlight=False)
-        else:
+            if self._dirty:
+                self._draw()
+        elif end:
             out = sys.stdout if stream == "stdout" else sys.stderr
             try:
-                out.write(line + "\n")
+                out.write(line + end)
                 out.flush()
             except (OSError, ValueError):
                 pass
@@ -133,13 +148,25 @@ class ProgramView:
     def _status(self) -> Any:
         from rich.text import Text
 
-        return Text(self.status_text(), style="bold", no_wrap=True, overflow="ellipsis")
+        status = Text(self.status_text(), style="bold", no_wrap=True, overflow="ellipsis")
+        if self.progress is None:
+            return status
+        from rich.console import Group
+
+        return Group(Text(self.progress[1], no_wrap=True, overflow="ellipsis"), status)
 
     def _draw(self) -> None:
         now = time.monotonic()
+        self._dirty = True
         if self.live is not None and now - self._drawn >= REFRESH_S:
-            self._drawn = now
+            self._drawn, self._dirty = now, False
             self.live.update(self._status(), refresh=True)
+
+    def tick(self) -> None:
+        """Draw what changed since the last draw (the runner calls it while it waits), so the
+        last of a burst of redraws shows even when nothing comes after it."""
+        if self._dirty:
+            self._draw()
 
 
 class TerminalView:
@@ -160,10 +187,15 @@ class TerminalView:
                 self.inner = ProgressView()
         return self.inner
 
-    def output(self, line: str, stream: str) -> None:
+    def output(self, line: str, stream: str, end: str = "\n") -> None:
         inner = self.inner
         if isinstance(inner, ProgramView):
-            inner.output(line, stream)
+            inner.output(line, stream, end)
+
+    def tick(self) -> None:
+        inner = self.inner
+        if isinstance(inner, ProgramView):
+            inner.tick()
 
     def show(self, event: dict[str, Any]) -> None:
         if self.inner is None and event.get("event") != "start":
