@@ -342,6 +342,46 @@ def test_a_progress_bar_passes_through_whole_and_its_redraws_are_metrics(tmp_pat
     assert output.count(b"\r") == 3000 and b"val_acc=0.97" in output and len(output) == len(written.encode())
 
 
+@pytest.mark.integration
+def test_metrics_of_output_read_after_the_program_ended_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pumps can still be reading a program's last output when it has exited (a busy machine):
+    what metrics_regex finds then, held back by the pacer, still goes into the run. Here the view
+    holds the stderr pump at the second frame until gputui waits for its pumps (the run's loop has
+    ended), so that is what happens."""
+    import threading
+
+    from gputui.config.profile import parse_profile
+    from gputui.jobs import program
+    from gputui.runs import store as runs
+
+    (tmp_path / "bar.py").write_text("import sys\nsys.stderr.write('\\rtrain 1 loss=0.5\\rtrain 2 loss=0.25\\rtrain 3 loss=0.125\\n')\n")
+    profile = parse_profile('[run]\ncommand = ["python", "bar.py"]\n'
+                            f'workdir = "{tmp_path}"\n'
+                            r"metrics_regex = ['train (?P<step>\d+) loss=(?P<loss>[0-9.]+)']" + "\n")
+    joining = threading.Event()
+
+    def join(self: threading.Thread, timeout: float | None = None) -> None:
+        joining.set()
+        threading.Thread.join(self, timeout)
+
+    monkeypatch.setattr(program._Pump, "join", join)
+
+    class HoldingView:
+        def show(self, event: dict) -> None:
+            pass
+
+        def output(self, text: str, stream: str, end: str) -> None:
+            if text.startswith("train 2") and end == "\r":
+                assert joining.wait(60), "gputui never waited for its pumps"
+
+    run = runs.create(tmp_path / "run")
+    assert program.execute_program(run, profile.run.resolve(), False, HoldingView()) == "done"
+    events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
+    metrics = [e for e in events if e["event"] == "metrics"]
+    assert metrics and metrics[-1]["step"] == 3 and metrics[-1]["values"] == {"loss": 0.125}, metrics
+    assert events[-1]["event"] == "done"
+
+
 def test_ddp_runs_the_program_through_torchrun(tmp_path: Path) -> None:
     code = ("import os\nimport torch.distributed as dist\nfrom gputui import report\n"
             "dist.init_process_group('gloo')\nimport torch\nt = torch.ones(1) * (dist.get_rank() + 1)\n"

@@ -522,6 +522,8 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
             tree.kill()
             for pump in pumps:
                 pump.join(10)
+            with output_lock:  # what metrics_regex found in the last output, read after the program ended
+                metrics(pacer.due(time.monotonic(), flush=True))
     except BaseException:  # a second Ctrl-C, a closed stdout: nothing of the program outlives gputui
         if tree is not None:
             tree.kill()
