@@ -377,6 +377,42 @@ def test_a_program_that_fails_on_a_node_is_the_runs_error_in_one_line(
     assert "python exited with code 3 on n0: boom at step 2" in child.stderr and "Traceback" not in child.stderr
 
 
+BAR = ("import sys\n"
+       "for i in range(3000):\n"
+       "    sys.stdout.write(f'\\rtrain {i}/3000 loss={1 / (i + 1):.6f} ' + '#' * 20)\n"
+       "    sys.stdout.flush()\n"
+       "print(flush=True)\n"
+       "print('val_acc=0.97', flush=True)\n")
+
+
+def test_a_program_that_only_prints_a_progress_bar_on_a_node_gives_metrics_and_a_whole_log(
+    two_nodes: list[Sshd], cluster_nodes: ClusterNodes, pinned_wheel: Path, tmp_path: Path, gputui_home: Path,
+) -> None:
+    """[run] metrics_regex reads rank 0's node's lines, as on one machine (before, a cluster run of a
+    program that only prints had no metrics at all); a bar's 3,000 redraws (150 KB, one newline)
+    reach the node's output.log whole, each with its "\r", not one line cut at 64 KiB."""
+    node = two_nodes[1]
+    trust(gputui_home, node)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "bar.py").write_text(BAR)
+    regexes = Raw(r"['train (?P<step>\d+)/3000 loss=(?P<loss>[0-9.]+)', 'val_acc=(?P<val_acc>[0-9.]+)']")
+    profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
+                              {"command": ["python", "bar.py"], "workdir": str(code), "env": ENV,
+                               "metrics_regex": regexes}, master_trains=False)
+    run_dir = tmp_path / "bar"
+    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (a progress bar on a node)") as child:
+        assert finish(child, RUN_S, "the run", run_dir) == 0, child.stderr + node_logs(run_dir)
+    metrics = [e for e in child.events if e["event"] == "metrics"]
+    assert metrics and all(e["source"] == "output" for e in metrics), story(child.events)
+    assert latest(child.events) == {"loss": pytest.approx(0.000333), "val_acc": pytest.approx(0.97)}
+    assert max(e.get("step", 0) for e in metrics) == 2999
+    assert sum(e.get("merged", 1) for e in metrics) == 3000 + 1  # every frame and the line, paced
+    log = (run_dir / "nodes" / "n0" / "output.log").read_bytes().decode()  # read_text would turn "\r" into "\n"
+    assert log.count("\r") == 2999 and "line cut" not in log
+    assert "\rtrain 2999/3000 loss=0.000333 " + "#" * 20 + "\nval_acc=0.97\n" in log
+
+
 QUICK = "from gputui import report\nreport.log(step=1, ok=1.0)\nprint('quick ran', flush=True)\n"
 
 

@@ -43,6 +43,18 @@ class Node:
     def running(self) -> bool:
         return self.proc is not None and self.proc.exit_code is None
 
+    def keep_output(self, text: str) -> str:
+        """A line of the node's output (not one of gputui's tagged lines) into its tail and its
+        output.log; a progress bar's redraw (it ends in "\r") is written as it came, with no
+        newline, so the log reads as the program's terminal did. The line without its "\r"."""
+        line = text.rstrip("\r")
+        if self.proc is not None:
+            self.proc.tail.append(line)
+        if self.log is not None:
+            self.log.write(text if text.endswith("\r") else text + "\n")
+            self.log.flush()
+        return line
+
 
 class NodeGroup:
     """The nodes of the run, in order, with the stop state of the current attempt."""

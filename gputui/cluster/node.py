@@ -166,19 +166,25 @@ def _remember(group: Tree) -> None:
 def relay(source: Any, out: Any) -> None:
     """Copy `source`'s output to `out` line by line, as it comes, each line at most
     OUTPUT_LINE bytes (a longer one is cut with a marker): a rank that prints a huge line
-    without a newline costs the node a bounded buffer, not its memory."""
+    without a newline costs the node a bounded buffer, not its memory. A progress bar's redraw
+    goes as its own segment, ended by its b"\r" (the master splits the same way): a bar that
+    redraws itself for an hour is not one line cut at OUTPUT_LINE."""
     from gputui.model.lines import OUTPUT_LINE, LineSplitter, cut_marker
 
-    lines = LineSplitter(OUTPUT_LINE, cut_marker(OUTPUT_LINE))
+    lines = LineSplitter(OUTPUT_LINE, cut_marker(OUTPUT_LINE), redraws=True)
     while chunk := source.read1(1 << 16):
         done = lines.feed(chunk)
         if done:
-            out.write(b"".join(line + b"\n" for line in done))
+            out.write(b"".join(_ended(line) for line in done))
             out.flush()
     tail = lines.finish()
     if tail:
-        out.write(tail + b"\n")
+        out.write(_ended(tail))
         out.flush()
+
+
+def _ended(segment: bytes) -> bytes:
+    return segment if segment.endswith(b"\r") else segment + b"\n"
 
 
 if __name__ == "__main__":

@@ -98,14 +98,15 @@ class NodeProc:
 
     def _pump(self, recv: Callable[[int], bytes]) -> None:
         """Every line of the node's output, read with `recv` until it returns b"" (the end): split
-        as each chunk comes (only the new bytes are searched), a line cut at MAX_LINE bytes."""
-        lines = self.lines = LineSplitter(MAX_LINE, cut_marker(MAX_LINE))
+        as each chunk comes (only the new bytes are searched), a line cut at MAX_LINE bytes. A
+        progress bar's redraw is a line of its own that keeps its "\r" (see `Node.keep_output`)."""
+        lines = self.lines = LineSplitter(MAX_LINE, cut_marker(MAX_LINE), redraws=True)
         while data := recv(READ_CHUNK):
             for raw in lines.feed(data):
-                self._emit_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
+                self._emit_line(raw.decode("utf-8", errors="replace"))
         tail = lines.finish()
         if tail:
-            self._emit_line(tail.decode("utf-8", errors="replace").rstrip("\r"))
+            self._emit_line(tail.decode("utf-8", errors="replace"))
 
     def last_error(self) -> str:
         lines = [ln for ln in self.tail if ln.strip()]

@@ -65,6 +65,10 @@ class ProgramRelay:
         self.last_kind: str | None = None
         self.stopping: list[str] = []  # nodes whose supervisor was signalled there (a spot notice, the budget guard)
         self.lines: dict[str, deque[str]] = {}  # each node's last output lines (what a failure says)
+        from gputui.jobs.program import OutputMetrics, Pacer
+
+        self.outputs = OutputMetrics(ctx.cfg.metrics_regex)  # [run] metrics_regex, on rank 0's node's lines
+        self.pacer = Pacer()
 
     def failure(self, node: Node, code: int) -> tuple[int, str]:
         """What a node's failed run says: the program's own exit code and its last line before
@@ -92,12 +96,21 @@ class ProgramRelay:
             if said.get("stopping") is not None and node.name not in self.stopping:
                 self.stopping.append(node.name)
             return
-        if node.proc is not None:
-            node.proc.tail.append(text)
-        self.lines.setdefault(node.name, deque(maxlen=TAIL_LINES)).append(text)
-        if node.log is not None:
-            node.log.write(text + "\n")
-            node.log.flush()
+        line = node.keep_output(text)
+        self.lines.setdefault(node.name, deque(maxlen=TAIL_LINES)).append(line)
+        if self.outputs.patterns and node.name == self.rank0:  # a program that only prints, as on one machine
+            record = self.outputs.match(line)
+            if record is not None:
+                self._paced(self.pacer.add(record, time.monotonic()))
+
+    def tick(self, flush: bool = False) -> None:
+        """The metrics that metrics_regex found and the pacer held back, once they are due."""
+        self._paced(self.pacer.due(time.monotonic(), flush))
+
+    def _paced(self, batch: list[tuple[Any, int]]) -> None:
+        for record, count in batch:
+            self._metrics(dict(values=record.values, step=record.step, epoch=record.epoch,
+                               elapsed_s=self.clock.elapsed(), source="output", merged=count if count > 1 else None))
 
     def _event(self, node: Node, raw: dict[str, Any]) -> None:
         kind = raw.get("event")
@@ -121,7 +134,12 @@ class ProgramRelay:
             fields["checkpoint"] = True
             self.checkpoint_due = True
             self.checkpoint_step = step if step is not None else self.step
-        if rank is None:
+        self._metrics(fields)
+
+    def _metrics(self, fields: dict[str, Any]) -> None:
+        """A metrics event of the run; one of the group's (no `rank`) moves its step and epoch."""
+        step, epoch = fields.get("step"), fields.get("epoch")
+        if fields.get("rank") is None:
             if step is not None:
                 self.step = step
                 self.last_step = max(self.last_step, step)
@@ -215,6 +233,7 @@ class ProgramAttempts(Attempts):
 
     def _end(self, outcome: Outcome) -> Outcome:
         ctx, relay = self.ctx, self.prelay
+        relay.tick(flush=True)
         self._pull_after_attempt()
         code = max(self.exits.values(), default=0) if self.exits else 0
         elapsed = self.clock.elapsed()
@@ -325,6 +344,7 @@ class ProgramAttempts(Attempts):
             if group.overdue(overdue_s) and not group.killed:
                 group.kill()
             self.pump(running)
+            self.prelay.tick()
             if running and (self.prelay.checkpoint_due or
                             time.monotonic() - self.last_pull > ctx.cfg.checkpoint_pull_s):
                 self.pull_checkpoint()

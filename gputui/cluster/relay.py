@@ -59,11 +59,7 @@ class Relay:
             if event is not None and isinstance(event.get("event"), str):
                 self.relay(events.typed(clean_tree(event)))
         elif not text.startswith(NODE_TAG):
-            if node.proc is not None:
-                node.proc.tail.append(text)
-            if node.log is not None:
-                node.log.write(text + "\n")
-                node.log.flush()
+            node.keep_output(text)
 
     def relay(self, event: dict[str, Any]) -> None:
         event = self.ctx.identity.rewrite(event)
