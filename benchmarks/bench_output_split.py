@@ -10,8 +10,9 @@ add /tmp/old <commit>`) runs on the same bytes too, each side in a fresh process
 
 Two kinds of output: log lines (80 bytes, "\\n") and a tqdm-style bar (100-byte frames, "\\r",
 a newline every 1,000 frames). Prints MB/s of each side and the ratio new/plain (1.0: as fast).
-Target: the pump reads >= 40 MB/s of log lines (thousands of times what a training program
-prints: gputui never slows a program that prints), and no slower than the pump it replaced.
+Target: the pump reads >= 40 MB/s of log lines on a quiet machine (thousands of times what a
+training program prints: gputui never slows a program that prints), and no slower than the pump
+it replaced (judge by --vs-tree, both sides interleaved in one run).
 """
 
 from __future__ import annotations

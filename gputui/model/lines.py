@@ -57,14 +57,18 @@ class LineSplitter:
             start = 1 if crlf else 0
             self.scanned += start
             self._end(b"", out, redraw=not crlf, at=base + start)
-        newline = -2  # where the next b"\n" is (-1: none left in data); found once, used by every b"\r" before it
+        # Where the next b"\n" and b"\r" are (-1: none left in data), each searched for again only
+        # once passed: a chunk of plain lines costs one search for a b"\r", a bar one for a b"\n".
+        newline = creturn = -2
         while start < n:
             if newline != -1 and newline < start:
                 newline = data.find(b"\n", start)
             nl = newline
             if self.redraws:
-                cr = data.find(b"\r", start, newline if newline >= 0 else n)
-                nl = cr if cr >= 0 else newline
+                if creturn != -1 and creturn < start:
+                    creturn = data.find(b"\r", start)
+                if creturn >= 0 and (newline < 0 or creturn < newline):
+                    nl = creturn
             self.scanned += (nl if nl >= 0 else n) - start + (nl >= 0)
             if nl < 0:
                 self._hold(data[start:], out)
