@@ -458,3 +458,39 @@ def test_on_a_terminal_a_bar_is_one_line_above_the_status_and_off_it_passes_thro
     off.output("Load", "stderr", "")
     off.output("train 2/2", "stderr", "\n")
     assert capsys.readouterr().err == "train 1/2\rtrain 2/2\n"
+
+
+def test_on_a_terminal_a_burst_of_lines_is_printed_in_batches_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each line printed alone redrew the live status line: a program printing 20,000 lines was
+    held back 30x (its pipe full). A burst is now printed together: at once for a line after a
+    pause, then at most PRINT_LINES at a time, the rest at the runner's next tick; a warning and
+    the end print what is held first. The clock stands still here: only the count lets lines out."""
+    import io
+
+    from rich.console import Console
+
+    from gputui.model.events import make
+    from gputui.views import program as shown
+
+    monkeypatch.setattr(shown.time, "monotonic", lambda: 1000.0)
+    view = shown.ProgramView()
+    screen = io.StringIO()
+    view.console = Console(file=screen, force_terminal=True, width=100)
+    view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
+                   strategy="single", world_size=1))
+    prints: list[int] = []
+    real_print = view.live.console.print
+    monkeypatch.setattr(view.live.console, "print",
+                        lambda text, **kw: (prints.append(str(text).count("\n") + 1), real_print(text, **kw))[1])
+    for i in range(2500):
+        view.output(f"line {i}", "stdout", "\n")
+    assert prints == [1, shown.PRINT_LINES, shown.PRINT_LINES]  # the first at once, then full batches
+    view.tick()
+    assert prints[-1] == 2500 - 1 - 2 * shown.PRINT_LINES
+    view.output("late", "stdout", "\n")
+    view.show(make("warning", reason="bad_report", message="a warning"))
+    view.close()
+    text = screen.getvalue()
+    numbers = [int(word) for word in text.replace("\r", "\n").split() if word.isdigit()]
+    assert numbers == list(range(2500)), "every line once, in order"
+    assert text.index("late") < text.index("a warning")

@@ -9,6 +9,7 @@ start and at the end. Names and numbers from the program are data: cleaned, neve
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from gputui.views.progress import _text
 
 STATUS_VALUES = 6  # metrics on the status line (the latest-reported first)
 REFRESH_S = 0.25
+PRINT_S = 0.05  # on a terminal, a burst of the program's lines is printed together at most this often
+PRINT_LINES = 1000  # ... or as soon as this many wait (a program that prints fast is never held long)
 
 
 def _shown(value: float | int) -> str:
@@ -48,6 +51,9 @@ class ProgramView:
         self.progress: tuple[str, str] | None = None  # (stream, text): a progress bar as it now looks
         self._drawn = 0.0
         self._dirty = False  # something changed that the last draw did not show
+        self._held: list[str] = []  # the program's lines not yet printed (a terminal: printed in batches)
+        self._printed = 0.0
+        self._lock = threading.Lock()  # two pumps and the runner call in
 
     # -- what the runner gives ------------------------------------------------------------
     def output(self, line: str, stream: str, end: str = "\n") -> None:
@@ -60,12 +66,13 @@ class ProgramView:
                 self.progress = (stream, text) if text.strip() else None
                 self._draw()
                 return
-            from rich.text import Text
-
-            if self.progress is not None and self.progress[0] == stream:
-                self.progress = None  # the line that ended it is printed now
-                self._dirty = True
-            self.live.console.print(Text(clean(line.replace("\t", "    "))), soft_wrap=True, highlight=False)
+            with self._lock:
+                if self.progress is not None and self.progress[0] == stream:
+                    self.progress = None  # the line that ended it is printed now
+                    self._dirty = True
+                self._held.append(clean(line.replace("\t", "    ")))
+                if len(self._held) >= PRINT_LINES or time.monotonic() - self._printed >= PRINT_S:
+                    self._print_held()
             if self._dirty:
                 self._draw()
         elif end:
@@ -122,12 +129,27 @@ class ProgramView:
                 self.console.print(_text(("interrupted", "yellow"), " (", (event.get("reason") or "", ""), "): ",
                                               (self.status_text(), "")))
         elif kind == "warning":
+            with self._lock:
+                self._print_held()  # the program's lines before it, in order
             self.console.print(_text(("warning: ", "yellow"), (event.get("message") or "", "")))
 
     def close(self) -> None:
         if self.live is not None:
+            with self._lock:
+                self._print_held()
             self.live.stop()
             self.live = None
+
+    def _print_held(self) -> None:
+        """The lines held, printed above the status line as one text: one redraw of the live
+        status for the whole burst, not one a line (a program printing 20,000 lines was slowed
+        35 times, its pipe full while each line was drawn). Called with the lock held."""
+        if self._held and self.live is not None:
+            from rich.text import Text
+
+            text, self._held = Text("\n".join(self._held)), []
+            self.live.console.print(text, soft_wrap=True, highlight=False)
+        self._printed = time.monotonic()
 
     # -- the status line ------------------------------------------------------------------
     def status_text(self) -> str:
@@ -163,8 +185,11 @@ class ProgramView:
             self.live.update(self._status(), refresh=True)
 
     def tick(self) -> None:
-        """Draw what changed since the last draw (the runner calls it while it waits), so the
-        last of a burst of redraws shows even when nothing comes after it."""
+        """Print the lines held and draw what changed since the last draw (the runner calls it
+        while it waits), so the end of a burst shows even when nothing comes after it."""
+        if self._held:
+            with self._lock:
+                self._print_held()
         if self._dirty:
             self._draw()
 
