@@ -14,6 +14,7 @@ import pytest
 
 from gputui import cli
 from gputui.config.sweep import Param
+from gputui.model.errors import UserError
 from tests.proc_support import Child
 
 WAIT = 240  # s: a whole sweep of tiny program trials on a slow, busy 2-core machine
@@ -186,6 +187,24 @@ def test_a_programs_objective_and_direction_default_to_its_run_tables() -> None:
     _p, builtin = parse_text('[run]\nmodel = "fast"\nepochs = 2\n[sweep]\nlr = [1e-3, 1e-1]\n'
                              'objective = "min time_to_accuracy"\ntarget = 98.0\n', Path("/x/b.toml"))
     assert (builtin.of_program, builtin.metric, builtin.direction) == (False, "time_to_accuracy", "minimize")
+
+
+def test_a_programs_objective_may_say_its_direction_as_sweep_show_writes_it() -> None:
+    """`sweep show` and the study write "max val_acc"; copied back into a profile it was refused."""
+    from gputui.sweep.space import parse_text
+
+    for objective, run, want in (("min val_loss", "", ("val_loss", "minimize", "min val_loss")),
+                                 ("max val_acc", 'direction = "minimize"\n', ("val_acc", "maximize", "max val_acc"))):
+        _p, spec = parse_text(program_profile(f'objective = "{objective}"\n[sweep.params]\nlr = [0.1, 0.5]\n', run),
+                              Path("/x/s.toml"))
+        assert (spec.metric, spec.direction, spec.objective_text) == want  # the objective's word wins over [run]'s
+    with pytest.raises(UserError, match="'max val_acc' is to maximize but direction is 'minimize'; keep one"):
+        parse_text(program_profile('objective = "max val_acc"\ndirection = "minimize"\n[sweep.params]\nlr = [0.1, 0.5]\n'),
+                   Path("/x/s.toml"))
+    with pytest.raises(UserError, match="names a metric of your own program"):  # the built-in nets say theirs
+        parse_text('[run]\nmodel = "fast"\n[sweep]\nlr = [1e-3, 1e-1]\nobjective = "max val_acc"\n', Path("/x/b.toml"))
+    with pytest.raises(UserError, match="or \"max val_acc\" with its direction"):
+        parse_text(program_profile('objective = "max val acc"\n[sweep.params]\nlr = [0.1, 0.5]\n'), Path("/x/s.toml"))
 
 
 def test_suggest_params_asks_optuna_for_each_kind() -> None:

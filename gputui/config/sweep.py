@@ -55,11 +55,20 @@ def _name(value: Any) -> str | None:
     return None if NAME_RE.match(value) else "a name of letters, digits, '_', '.' or '-' (at most 64)"
 
 
+def directed(value: str) -> tuple[str, str | None]:
+    """A program's objective as (metric, direction): "val_acc" -> ("val_acc", None), and "max
+    val_acc" / "min loss", the way `sweep show` and the study write it, -> their direction."""
+    word, _, rest = value.partition(" ")
+    if word in ("max", "min") and METRIC_RE.match(rest):
+        return rest, "maximize" if word == "max" else "minimize"
+    return value, None
+
+
 def _objective(value: Any) -> str | None:
-    if value in OBJECTIVES or METRIC_RE.match(value):
+    if value in OBJECTIVES or METRIC_RE.match(directed(value)[0]):
         return None
     return (f"{' or '.join(repr(o) for o in OBJECTIVES)} for the built-in nets, or the name of a metric your "
-            "program reports (e.g. \"val_acc\")")
+            "program reports (e.g. \"val_acc\", or \"max val_acc\" with its direction)")
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,8 @@ class SweepSpec:
     trials: int = key("int", "Trials to finish (complete, pruned or failed).", 20, minimum=1, maximum=100000)
     objective: str = key("str", "'max test_accuracy' (the final test accuracy) or 'min time_to_accuracy' "
                          "(training seconds to reach `target`); for your own program, the name of a metric it "
-                         "reports, e.g. \"val_acc\" (default: [run] objective): a trial's value is its last report.",
+                         "reports, e.g. \"val_acc\" (default: [run] objective), or with its direction, \"max "
+                         "val_acc\" / \"min loss\": a trial's value is its last report.",
                          OBJECTIVES[0], check=_objective)
     direction: str = key("str", "Your own program's objective: maximize or minimize (default: [run] direction). "
                          "The built-in objectives say theirs.", None, choices=DIRECTIONS)

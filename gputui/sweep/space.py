@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 from gputui.config.profile import Profile, parse_profile
 from gputui.config.recipes import RECIPES
 from gputui.config.sweep import (  # noqa: F401 - re-exported: the table is declared in gputui.config.sweep
-    NAME_RE, OBJECTIVES, SPACE_KEYS, SWEEP_SECTION, Param, SweepSpec)
+    NAME_RE, OBJECTIVES, SPACE_KEYS, SWEEP_SECTION, Param, SweepSpec, directed)
 from gputui.model.errors import UserError
 
 
@@ -108,7 +108,12 @@ def _program_objective(values: dict[str, Any], run: Any, where: str,
                         "metric it reports, e.g. objective = \"val_acc\"")
     if values.get("target") is not None:
         raise UserError(f"{where}[sweep] target goes with the built-in nets' 'min time_to_accuracy'; remove it")
-    return {"objective": objective, "direction": values.get("direction") or run.direction or "maximize"}
+    metric, says = directed(objective)
+    direction = values.get("direction")
+    if says is not None and direction is not None and direction != says:
+        raise UserError(f"{where}[sweep] objective {objective!r} is to {says} but direction is {direction!r}; "
+                        f"keep one (objective = {metric!r} with direction, or {objective!r} alone)")
+    return {"objective": metric, "direction": says or direction or run.direction or "maximize"}
 
 
 def max_evaluations(run: Any, space: Mapping[str, tuple[Any, ...]]) -> int:
