@@ -80,3 +80,20 @@ def test_resolved_profile_round_trips() -> None:
     cfg = RunSettings(model="fast", gpus=(0, 1), data="/tmp/x y\"z").resolve()
     again = parse_profile(cfg.to_toml()).run.resolve()
     assert again == cfg
+
+
+def test_a_runs_objective_may_say_its_direction() -> None:
+    """[run] objective = "min loss" rates the run by `loss`, lower better, as [sweep] takes it; a
+    [run] direction that says otherwise is one line, and so is an objective that names no metric."""
+    from gputui.config.profile import parse_profile
+
+    command = '[run]\ncommand = ["python", "train.py"]\n'
+    cfg = parse_profile(command + 'objective = "min loss"\n').run.resolve()
+    assert (cfg.objective, cfg.direction) == ("loss", "minimize")
+    cfg = parse_profile(command + 'objective = "val_acc"\ndirection = "minimize"\n').run.resolve()
+    assert (cfg.objective, cfg.direction) == ("val_acc", "minimize")  # a bare name keeps [run] direction
+    with pytest.raises(UserError, match=r"\[run\] objective 'max val_acc' is to maximize but \[run\] direction is "
+                                        r"'minimize'; keep one"):
+        parse_profile(command + 'objective = "max val_acc"\ndirection = "minimize"\n').run.resolve()
+    with pytest.raises(UserError, match=r":3: \[run\] objective: expected the name of a metric"):
+        parse_profile(command + 'objective = "val acc"\n', Path("p.toml"))

@@ -254,13 +254,6 @@ def test_bad_program_sweeps_are_one_line_naming_the_key(tmp_path: Path, text: st
     assert not sweep_home("s").exists()
 
 
-def test_the_metric_name_rule_is_the_programs() -> None:
-    from gputui.config.sweep import METRIC_RE
-    from gputui.jobs.program import NAME
-
-    assert METRIC_RE.pattern == NAME.pattern
-
-
 # -- the worker's relay -------------------------------------------------------------------------
 
 def test_the_relay_marks_each_new_step_of_the_objective_and_keeps_its_last_value() -> None:

@@ -20,6 +20,26 @@ DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 STRATEGIES = ("single", "dataparallel", "ddp")
 
 
+# A metric's name, in a program's reports, a metrics_regex group, an objective: the one pattern.
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
+
+
+def directed(value: str) -> tuple[str, str | None]:
+    """An objective as (metric, direction): "val_acc" -> ("val_acc", None), and "max val_acc" /
+    "min loss", the way `gputui sweep show` and the study write it, -> with their direction."""
+    word, _, rest = value.partition(" ")
+    if word in ("max", "min") and METRIC_NAME.match(rest):
+        return rest, "maximize" if word == "max" else "minimize"
+    return value, None
+
+
+def _check_objective(value: Any) -> str | None:
+    if METRIC_NAME.match(directed(value)[0]):
+        return None
+    return ("the name of a metric the program reports, e.g. \"val_acc\" (or with its direction: "
+            "\"max val_acc\", \"min loss\")")
+
+
 def _check_regexes(value: Any) -> str | None:
     """Each a regular expression with at least one named group (the metric's name)."""
     for text in value:
@@ -112,7 +132,8 @@ class RunConfig:
                                    "(also at each report.log(checkpoint=True) and on stop).", 60.0, minimum=1,
                                    maximum=86400)
     objective: str | None = key("str", "A reported metric that rates the run (its last and best are listed), e.g. "
-                                "\"val_acc\".", None)
+                                "\"val_acc\", or with its direction, \"max val_acc\" / \"min loss\".", None,
+                                check=_check_objective)
     direction: str = key("str", "Whether the objective is better high (maximize) or low (minimize).", "maximize",
                          choices=("maximize", "minimize"))
 
@@ -186,6 +207,15 @@ def _resolve(self: Any) -> RunConfig:
         else:
             values[f.name] = RUN_SECTION.fields[f.name].default
     values["model"] = model
+    if self.objective is not None:  # "max val_acc": the metric, and the direction it says
+        metric, says = directed(self.objective)
+        if says is not None:
+            if self.direction is not None and self.direction != says:
+                from gputui.model.errors import UserError
+
+                raise UserError(f"[run] objective {self.objective!r} is to {says} but [run] direction is "
+                                f"{self.direction!r}; keep one")
+            values["objective"], values["direction"] = metric, says
     return RunConfig(**values)
 
 

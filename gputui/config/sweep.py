@@ -16,14 +16,12 @@ from dataclasses import field as attribute
 from typing import Any, Mapping
 
 from gputui.config.recipes import MODEL_NAMES
+from gputui.config.run import METRIC_NAME, directed
 from gputui.config.schema import REQUIRED, SCHEMA, SCHEMA_KEYS, Field, key, section_of
 
 OBJECTIVES = ("max test_accuracy", "min time_to_accuracy")
 DIRECTIONS = ("maximize", "minimize")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# A metric a program reports: the pattern of gputui.jobs.program.NAME (config sits below jobs;
-# tests/test_sweep_program.py checks the two agree).
-METRIC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
 # A parameter of a program's sweep: `{name}` in [run] command, a key of report.trial().
 PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # The run keys the space may cover, and how each is searched.
@@ -55,17 +53,8 @@ def _name(value: Any) -> str | None:
     return None if NAME_RE.match(value) else "a name of letters, digits, '_', '.' or '-' (at most 64)"
 
 
-def directed(value: str) -> tuple[str, str | None]:
-    """A program's objective as (metric, direction): "val_acc" -> ("val_acc", None), and "max
-    val_acc" / "min loss", the way `sweep show` and the study write it, -> their direction."""
-    word, _, rest = value.partition(" ")
-    if word in ("max", "min") and METRIC_RE.match(rest):
-        return rest, "maximize" if word == "max" else "minimize"
-    return value, None
-
-
 def _objective(value: Any) -> str | None:
-    if value in OBJECTIVES or METRIC_RE.match(directed(value)[0]):
+    if value in OBJECTIVES or METRIC_NAME.match(directed(value)[0]):
         return None
     return (f"{' or '.join(repr(o) for o in OBJECTIVES)} for the built-in nets, or the name of a metric your "
             "program reports (e.g. \"val_acc\", or \"max val_acc\" with its direction)")

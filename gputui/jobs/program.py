@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from gputui.config.run import METRIC_NAME
 from gputui.model import events, outside
 from gputui.model.errors import GputuiError, UserError
 from gputui.model.lines import OUTPUT_LINE, LineSplitter
@@ -35,7 +36,7 @@ CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
 MAX_REPORT_LINE = 64 * 1024  # bytes: a report line longer than this is dropped (and counted)
 MAX_VALUES = 64  # metrics in one report line; more are dropped (and counted)
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")  # a metric's name
+NAME = METRIC_NAME  # a metric's name
 EVENTS_PER_S = 50.0  # metrics events written at most this often; faster reports are merged
 READ_CHUNK = 1 << 20
 READS_PER_TICK = 64  # at most 64 MiB of reports read between two looks at the program and the stop flag

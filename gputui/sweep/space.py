@@ -35,7 +35,8 @@ from typing import Any, Mapping, Sequence
 from gputui.config.profile import Profile, parse_profile
 from gputui.config.recipes import RECIPES
 from gputui.config.sweep import (  # noqa: F401 - re-exported: the table is declared in gputui.config.sweep
-    NAME_RE, OBJECTIVES, SPACE_KEYS, SWEEP_SECTION, Param, SweepSpec, directed)
+    NAME_RE, OBJECTIVES, SPACE_KEYS, SWEEP_SECTION, Param, SweepSpec)
+from gputui.config.run import directed
 from gputui.model.errors import UserError
 
 
