@@ -478,10 +478,12 @@ def test_on_a_terminal_a_burst_of_lines_is_printed_in_batches_in_order(monkeypat
     view.console = Console(file=screen, force_terminal=True, width=100)
     view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
                    strategy="single", world_size=1))
-    prints: list[int] = []
+    from rich.text import Text
+
+    prints: list[int] = []  # the lines of each Text printed (the live display's own refreshes print Controls)
     real_print = view.live.console.print
-    monkeypatch.setattr(view.live.console, "print",
-                        lambda text, **kw: (prints.append(str(text).count("\n") + 1), real_print(text, **kw))[1])
+    monkeypatch.setattr(view.live.console, "print", lambda text, **kw: (
+        prints.append(str(text).count("\n") + 1) if isinstance(text, Text) else None, real_print(text, **kw))[1])
     for i in range(2500):
         view.output(f"line {i}", "stdout", "\n")
     assert prints == [1, shown.PRINT_LINES, shown.PRINT_LINES]  # the first at once, then full batches
@@ -494,3 +496,40 @@ def test_on_a_terminal_a_burst_of_lines_is_printed_in_batches_in_order(monkeypat
     numbers = [int(word) for word in text.replace("\r", "\n").split() if word.isdigit()]
     assert numbers == list(range(2500)), "every line once, in order"
     assert text.index("late") < text.index("a warning")
+
+
+def test_the_status_lines_clock_runs_between_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that only prints sent no elapsed time: the status line said 0s for the whole run.
+    It counts on from the last time the run said (not for a resumed run before its first report,
+    whose clock goes on from where it was), and the run's own figure wins at the end."""
+    import io
+
+    from rich.console import Console
+
+    from gputui.model.events import make
+    from gputui.views import program as shown
+
+    now = [100.0]
+    monkeypatch.setattr(shown.time, "monotonic", lambda: now[0])
+    view = shown.ProgramView()
+    view.console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
+                   strategy="single", world_size=1))
+    drawn = view._drawn
+    now[0] = 105.0
+    assert " 5s " in f" {view.status_text()} "
+    view.tick()
+    assert view._drawn == 105.0 > drawn  # redrawn by the runner's tick, with nothing reported
+    view.show(make("metrics", step=1, values={"loss": 1.0}, elapsed_s=3.0))
+    now[0] = 109.0
+    assert " 7s " in f" {view.status_text()} "
+    view.show(make("done", exit_code=0, elapsed_s=12.5))
+    now[0] = 200.0
+    assert " 12s " in f" {view.status_text()} "
+    resumed = shown.ProgramView()
+    resumed.console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    resumed.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
+                      strategy="single", world_size=1, resumed=True))
+    now[0] = 230.0
+    assert " 0s " in f" {resumed.status_text()} "
+    resumed.close()

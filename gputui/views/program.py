@@ -22,6 +22,7 @@ STATUS_VALUES = 6  # metrics on the status line (the latest-reported first)
 REFRESH_S = 0.25
 PRINT_S = 0.05  # on a terminal, a burst of the program's lines is printed together at most this often
 PRINT_LINES = 1000  # ... or as soon as this many wait (a program that prints fast is never held long)
+CLOCK_S = 1.0  # the status line is drawn at least this often: its elapsed time moves on between reports
 
 
 def _shown(value: float | int) -> str:
@@ -52,6 +53,7 @@ class ProgramView:
         self._drawn = 0.0
         self._dirty = False  # something changed that the last draw did not show
         self._held: list[str] = []  # the program's lines not yet printed (a terminal: printed in batches)
+        self._elapsed_at: float | None = None  # when `elapsed` was last said: the clock counts on from it
         self._printed = 0.0
         self._lock = threading.Lock()  # two pumps and the runner call in
 
@@ -95,6 +97,8 @@ class ProgramView:
             self.console.print(_text("run ", (event.get("run_id"), "bold"), ": ", (self.program, ""),
                                           f" on {self.gpus}{note}"))
             self.elapsed = elapsed
+            if not event.get("resumed"):  # a resumed run's clock goes on from where it was: its first report says
+                self._elapsed_at = time.monotonic()
             if self.console.is_terminal:
                 from rich.live import Live
 
@@ -117,11 +121,12 @@ class ProgramView:
             if isinstance(event.get("epoch"), int):
                 self.epoch = event["epoch"]
             if isinstance(event.get("elapsed_s"), (int, float)):
-                self.elapsed = float(event["elapsed_s"])
+                self.elapsed, self._elapsed_at = float(event["elapsed_s"]), time.monotonic()
             self._draw()
         elif kind in ("done", "interrupted", "error"):
             if isinstance(event.get("elapsed_s"), (int, float)):
                 self.elapsed = float(event["elapsed_s"])
+            self._elapsed_at = None  # the run's own figure, no longer counted on
             self.close()
             if kind == "done":
                 self.console.print(_text(("done", "green"), ": ", (self.status_text(), "")))
@@ -161,7 +166,10 @@ class ProgramView:
         shown = list(self.values.items())[-STATUS_VALUES:][::-1]
         if shown:
             parts.append(" ".join(f"{clean(name)[:24]} {_shown(value)}" for name, value in shown))
-        parts.append(units.duration(self.elapsed))
+        elapsed = self.elapsed
+        if self._elapsed_at is not None:  # between reports (a program that only prints): the clock still runs
+            elapsed += max(0.0, time.monotonic() - self._elapsed_at)
+        parts.append(units.duration(elapsed))
         if self.rate is not None:
             parts.append(f"{self.rate:.3g} steps/s")
         parts.append(self.gpus)
@@ -186,11 +194,14 @@ class ProgramView:
 
     def tick(self) -> None:
         """Print the lines held and draw what changed since the last draw (the runner calls it
-        while it waits), so the end of a burst shows even when nothing comes after it."""
+        while it waits), so the end of a burst shows even when nothing comes after it; and the
+        status line at least every CLOCK_S, its elapsed time moving on."""
+        if self.live is None:
+            return
         if self._held:
             with self._lock:
                 self._print_held()
-        if self._dirty:
+        if self._dirty or time.monotonic() - self._drawn >= CLOCK_S:
             self._draw()
 
 
