@@ -533,3 +533,24 @@ def test_the_status_lines_clock_runs_between_reports(monkeypatch: pytest.MonkeyP
     now[0] = 230.0
     assert " 0s " in f" {resumed.status_text()} "
     resumed.close()
+
+
+def test_a_clusters_events_before_the_start_wait_for_it_to_pick_the_view() -> None:
+    """A cluster run says what its nodes do before its start event; the first of them picked the
+    built-in net's progress bar, so a program on a cluster showed an empty bar ("epoch 1/0 ...
+    loss n/a") and none of its output."""
+    from gputui.model.events import make
+    from gputui.views.program import ProgramView, TerminalView
+
+    view = TerminalView()
+    view.show(make("node", node="n0", kind="ready", message="n0 ready"))
+    assert view.inner is None and len(view.pending) == 1
+    view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
+                   strategy="ddp", world_size=2))
+    assert isinstance(view.inner, ProgramView) and view.pending == []
+    view.close()
+    ended = TerminalView()  # stopped during the bring-up: the end still has a view to say it
+    ended.show(make("node", node="n0", kind="ready", message="n0 ready"))
+    ended.show(make("interrupted", reason="SIGINT", elapsed_s=1.0))
+    assert ended.inner is not None and not isinstance(ended.inner, ProgramView)
+    ended.close()

@@ -205,9 +205,14 @@ class ProgramView:
             self._draw()
 
 
+PENDING_EVENTS = 256  # events held before the run's start (a cluster's bring-up says a few)
+
+
 class TerminalView:
     """`gputui run` without --json: the progress bar of a built-in net, or a program's view,
-    chosen by the run's start event."""
+    chosen by the run's start event. A cluster says what its nodes do before the run starts:
+    those events wait for the start (they were taken for a built-in net's, and a program on a
+    cluster got the net's empty progress bar)."""
 
     def __init__(self) -> None:
         self.inner: Any = None
@@ -234,11 +239,18 @@ class TerminalView:
             inner.tick()
 
     def show(self, event: dict[str, Any]) -> None:
-        if self.inner is None and event.get("event") != "start":
-            if event.get("event") == "error":  # an error before any start: the command says it
+        kind = event.get("event")
+        if self.inner is None:
+            if kind == "error":  # an error before any start: the command says it
                 return
-            self._pick(event)
-        self._pick(event).show(event)
+            if kind not in ("start", "done", "interrupted"):
+                self.pending = [*self.pending[-(PENDING_EVENTS - 1):], event]
+                return
+            inner = self._pick(event)  # the start (or an end that came without one)
+            held, self.pending = self.pending, []
+            for before in held:
+                inner.show(before)
+        self.inner.show(event)
 
     def close(self) -> None:
         if self.inner is not None:
