@@ -390,7 +390,8 @@ def test_a_program_that_only_prints_a_progress_bar_on_a_node_gives_metrics_and_a
 ) -> None:
     """[run] metrics_regex reads rank 0's node's lines, as on one machine (before, a cluster run of a
     program that only prints had no metrics at all); a bar's 3,000 redraws (150 KB, one newline)
-    reach the node's output.log whole, each with its "\r", not one line cut at 64 KiB."""
+    reach the node's output.log whole, each with its "\r", not one line cut at 64 KiB; and
+    `gputui run` shows rank 0's output as it does a local program's (before: nothing of it)."""
     node = two_nodes[1]
     trust(gputui_home, node)
     code = tmp_path / "code"
@@ -401,11 +402,16 @@ def test_a_program_that_only_prints_a_progress_bar_on_a_node_gives_metrics_and_a
                               {"command": ["python", "bar.py"], "workdir": str(code), "env": ENV,
                                "metrics_regex": regexes}, master_trains=False)
     run_dir = tmp_path / "bar"
-    with Child(gputui_run(profile, run_dir), env=cli_env(), name="gputui run (a progress bar on a node)") as child:
+    argv = [sys.executable, "-m", "gputui", "run", "--profile", str(profile), "--run-dir", str(run_dir)]  # no --json
+    with Child(argv, env=cli_env(), name="gputui run (a progress bar on a node)", json_lines=False) as child:
+        shown = child.rest(RUN_S, "the run's output")  # text mode: each "\r" ended a line here
         assert finish(child, RUN_S, "the run", run_dir) == 0, child.stderr + node_logs(run_dir)
-    metrics = [e for e in child.events if e["event"] == "metrics"]
-    assert metrics and all(e["source"] == "output" for e in metrics), story(child.events)
-    assert latest(child.events) == {"loss": pytest.approx(0.000333), "val_acc": pytest.approx(0.97)}
+    assert shown and shown[-1] == "val_acc=0.97" and "train 2999/3000 loss=0.000333 " + "#" * 20 in shown, (shown[-3:], child.stderr[-3000:].replace("\n", " // "))
+    assert len([line for line in shown if line.startswith("train ")]) == 3000
+    seen = runs.read_events(run_dir / "events.jsonl")
+    metrics = [e for e in seen if e["event"] == "metrics"]
+    assert metrics and all(e["source"] == "output" for e in metrics), story(seen)
+    assert latest(seen) == {"loss": pytest.approx(0.000333), "val_acc": pytest.approx(0.97)}
     assert max(e.get("step", 0) for e in metrics) == 2999
     assert sum(e.get("merged", 1) for e in metrics) == 3000 + 1  # every frame and the line, paced
     log = (run_dir / "nodes" / "n0" / "output.log").read_bytes().decode()  # read_text would turn "\r" into "\n"

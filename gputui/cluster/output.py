@@ -59,6 +59,28 @@ class Output:
                     self.failure = exc
                     self.on_failure("output")
 
+    def program(self, line: str, end: str) -> None:
+        """A line of the program's (rank 0's node) to a view that shows them (a terminal's), as
+        `gputui run -- PROGRAM` shows it on one machine; `end` "\r" for a progress bar's redraw."""
+        self._to_view("output", line, "stdout", end)
+
+    def tick(self) -> None:
+        """The view's tick: the lines it holds printed, its clock moved on."""
+        self._to_view("tick")
+
+    def _to_view(self, what: str, *args: Any) -> None:
+        call = getattr(self.view, what, None)
+        if call is None:
+            return
+        with self._lock:
+            if self.failure is not None:
+                return
+            try:
+                call(*args)
+            except Exception as exc:  # noqa: BLE001 - as in write
+                self.failure = exc
+                self.on_failure("output")
+
     def raise_failure(self) -> None:
         if self.failure is not None:
             raise self.failure

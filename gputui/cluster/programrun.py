@@ -98,14 +98,19 @@ class ProgramRelay:
             return
         line = node.keep_output(text)
         self.lines.setdefault(node.name, deque(maxlen=TAIL_LINES)).append(line)
-        if self.outputs.patterns and node.name == self.rank0:  # a program that only prints, as on one machine
+        if node.name != self.rank0:
+            return
+        self.ctx.out.program(line, "\r" if text.endswith("\r") else "\n")  # on the terminal, as on one machine
+        if self.outputs.patterns:  # a program that only prints, as on one machine
             record = self.outputs.match(line)
             if record is not None:
                 self._paced(self.pacer.add(record, time.monotonic()))
 
     def tick(self, flush: bool = False) -> None:
-        """The metrics that metrics_regex found and the pacer held back, once they are due."""
+        """The metrics that metrics_regex found and the pacer held back, once they are due; the
+        view's own tick (the output lines it holds, its clock)."""
         self._paced(self.pacer.due(time.monotonic(), flush))
+        self.ctx.out.tick()
 
     def _paced(self, batch: list[tuple[Any, int]]) -> None:
         for record, count in batch:
