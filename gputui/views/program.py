@@ -148,7 +148,7 @@ class ProgramView:
     def _print_held(self) -> None:
         """The lines held, printed above the status line as one text: one redraw of the live
         status for the whole burst, not one a line (a program printing 20,000 lines was slowed
-        35 times, its pipe full while each line was drawn). Called with the lock held."""
+        about 30 times, its pipe full while each line was drawn). Called with the lock held."""
         if self._held and self.live is not None:
             from rich.text import Text
 
