@@ -609,3 +609,28 @@ join_timeout = 60
     assert not any(r.running for r in records.values())
     assert [(r[0], r[4]) for r in ctx.ledger.runs()] == [(run.run_id, "done")]
     assert wait_no_leftovers(str(run.path), *remote_run_dirs(run.run_id, *machines)) == []
+
+
+def test_rank_0s_output_reaches_the_terminal_as_data_and_other_nodes_stay_in_their_logs() -> None:
+    """A slave is not trusted: what its program prints is shown on the master's terminal without
+    its control characters and escapes (off a terminal gputui passes a local program's bytes
+    through; a slave's never). Only rank 0's node is shown; every node's line is in its log."""
+    import io
+    from types import SimpleNamespace
+
+    from gputui.cluster.members import Node
+    from gputui.cluster.programrun import ProgramRelay
+
+    shown: list[tuple[str, str]] = []
+    out = SimpleNamespace(program=lambda line, end: shown.append((line, end)), tick=lambda: None)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(metrics_regex=()), out=out)
+    relay = ProgramRelay(ctx, clock=None)  # type: ignore[arg-type]
+    rank0, other = Node("n0", "host", "10.0.0.1"), Node("n1", "host", "10.0.0.2")
+    rank0.log, other.log = io.StringIO(), io.StringIO()
+    relay.rank0 = "n0"
+    relay.line(rank0, "\x1b]0;owned\x07epoch 1\x1b[2J 50%\r")
+    relay.line(rank0, "done\x07")
+    relay.line(other, "rank 1 says")
+    assert shown == [("epoch 1 50%", "\r"), ("done", "\n")]
+    assert rank0.log.getvalue() == "\x1b]0;owned\x07epoch 1\x1b[2J 50%\rdone\x07\n"  # the log: bytes as they came
+    assert other.log.getvalue() == "rank 1 says\n"

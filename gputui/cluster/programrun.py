@@ -37,6 +37,7 @@ from gputui.cluster.stopping import Stopped
 from gputui.cluster.worker import EVENT_TAG
 from gputui.model import events, outside
 from gputui.model.errors import GputuiError
+from gputui.model.lines import OUTPUT_LINE
 from gputui.model.text import clean, clean_tree
 from gputui.model.units import plural
 
@@ -100,7 +101,8 @@ class ProgramRelay:
         self.lines.setdefault(node.name, deque(maxlen=TAIL_LINES)).append(line)
         if node.name != self.rank0:
             return
-        self.ctx.out.program(line, "\r" if text.endswith("\r") else "\n")  # on the terminal, as on one machine
+        # On the terminal, as on one machine; a slave's bytes are data (no escape reaches a terminal).
+        self.ctx.out.program(clean(line, OUTPUT_LINE), "\r" if text.endswith("\r") else "\n")
         if self.outputs.patterns:  # a program that only prints, as on one machine
             record = self.outputs.match(line)
             if record is not None:
