@@ -21,7 +21,7 @@ from gputui.config.cloud import CLOUD_SECTION, CloudSettings
 from gputui.config.cluster import CLUSTER_SECTION, ClusterSettings
 from gputui.config.free import FREE_SECTION, FreeRule
 from gputui.config.hosts import HOSTS_SECTION, HostSpec
-from gputui.config.run import RUN_SECTION, RunConfig, RunSettings
+from gputui.config.run import RUN_SECTION, RunConfig, RunSettings, directed
 from gputui.config.schema import Section, Source, did_you_mean
 from gputui.config.sweep import SWEEP_SECTION, SweepSpec
 from gputui.config.ui import UI_SECTION, UiSettings
@@ -69,6 +69,13 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
                                            f"(a profile has {known})")
     tables = {name: PROFILE_SECTIONS[name].validate_any(value, source) for name, value in doc.items() if name != "run"}
     run = RUN_SECTION.validate(doc.get("run", {}), source)
+    metric, says = directed(run.get("objective") or "")
+    if says is not None:  # "max val_acc": kept as the metric and its direction, which every reader takes
+        if run.get("direction", says) != says:
+            line = source.line_of("run", "objective")
+            raise UserError(f"{where}{'' if line is None else f':{line}'}: [run] objective {run['objective']!r} is "
+                            f"to {says} but [run] direction is {run['direction']!r}; keep one")
+        run["objective"], run["direction"] = metric, says
     if "data" in run and path is not None:
         data = Path(run["data"]).expanduser()
         run["data"] = str(data if data.is_absolute() else (path.parent / data).resolve())

@@ -207,15 +207,6 @@ def _resolve(self: Any) -> RunConfig:
         else:
             values[f.name] = RUN_SECTION.fields[f.name].default
     values["model"] = model
-    if self.objective is not None:  # "max val_acc": the metric, and the direction it says
-        metric, says = directed(self.objective)
-        if says is not None:
-            if self.direction is not None and self.direction != says:
-                from gputui.model.errors import UserError
-
-                raise UserError(f"[run] objective {self.objective!r} is to {says} but [run] direction is "
-                                f"{self.direction!r}; keep one")
-            values["objective"], values["direction"] = metric, says
     return RunConfig(**values)
 
 
