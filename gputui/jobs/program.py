@@ -36,7 +36,6 @@ CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
 MAX_REPORT_LINE = 64 * 1024  # bytes: a report line longer than this is dropped (and counted)
 MAX_VALUES = 64  # metrics in one report line; more are dropped (and counted)
-NAME = METRIC_NAME  # a metric's name
 EVENTS_PER_S = 50.0  # metrics events written at most this often; faster reports are merged
 READ_CHUNK = 1 << 20
 READS_PER_TICK = 64  # at most 64 MiB of reports read between two looks at the program and the stop flag
@@ -92,7 +91,7 @@ class Reports:
         values: dict[str, float | int] = {}
         for name, value in values_in.items():
             number = outside.finite(value)
-            if not NAME.match(name):
+            if not METRIC_NAME.match(name):
                 why = (f"a metric named {clean(name, 40)!r} (a name is a letter or _, then up to 63 letters, "
                        "digits or _ . : / -)")
             elif number is None:
@@ -131,7 +130,7 @@ class OutputMetrics:
                 number = outside.number_text(text)
                 if name in STEP_KEYS:
                     place[name] = outside.index(number)
-                elif number is not None and NAME.match(name):
+                elif number is not None and METRIC_NAME.match(name):
                     values[name] = number
         if not values:
             return None
