@@ -554,3 +554,40 @@ def test_a_clusters_events_before_the_start_wait_for_it_to_pick_the_view() -> No
     ended.show(make("interrupted", reason="SIGINT", elapsed_s=1.0))
     assert ended.inner is not None and not isinstance(ended.inner, ProgramView)
     ended.close()
+
+
+def test_the_programs_streams_share_a_pipe_where_they_meet_and_are_copied_where_not_drawn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where gputui's stdout and stderr are one place (a terminal, `> log 2>&1`) the program gets
+    one pipe for both, so their order is its own; a stream the view does not draw is copied as
+    the program wrote it: off a terminal both, on a terminal a stdout sent elsewhere (`> out.txt`)."""
+    from gputui.views.program import ProgramView
+
+    log = (tmp_path / "log").open("w")
+    other = (tmp_path / "other").open("w")
+    again = (tmp_path / "log").open("a")  # the same file, opened twice
+    view = ProgramView(stderr=log)
+
+    def placed(stdout: object, live: bool) -> list[tuple[str, bool]]:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        view.live = object() if live else None
+        return [(name, copy is not None) for name, copy in view.program_streams()]
+
+    assert placed(log, live=False) == [("output", True)]
+    assert placed(again, live=False) == [("output", True)]
+    assert placed(other, live=False) == [("stdout", True), ("stderr", True)]
+    assert placed(log, live=True) == [("output", False)]  # one pipe, drawn line by line
+    assert placed(other, live=True) == [("stdout", True), ("stderr", False)]
+
+    view.live = None
+    copy = dict(view.program_streams())["stdout"]
+    assert copy is not None
+    other.write("gputui's own line\n")  # what gputui wrote first stays first
+    copy(b"\xff\x00 not text" + b"x" * 100_000)
+    assert (tmp_path / "other").read_bytes() == b"gputui's own line\n\xff\x00 not text" + b"x" * 100_000
+    other.close()
+    copy(b"more")  # a stream that refuses (closed, its reader gone) costs nothing, and is let be
+    assert getattr(copy, "broken") is True
+    copy(b"more")
+    log.close()
+    again.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -325,8 +326,9 @@ def test_a_progress_bar_passes_through_whole_and_its_redraws_are_metrics(tmp_pat
                           cwd="/", capture_output=True, timeout=180)  # bytes: text mode would turn "\r" into "\n"
     stderr = done.stderr.decode()
     assert done.returncode == 0, stderr[-2000:]
-    assert "[...]" not in stderr and "\rtrain 2999/3000 loss=0.000333 " + "#" * 20 + "\n" in stderr
-    assert stderr.count("\r") == 2999 and done.stdout == b"val_acc=0.97\n"  # each redraw as it came
+    bar = "".join(f"\rtrain {i}/3000 loss={1 / (i + 1):.6f} " + "#" * 20 for i in range(3000)) + "\n"
+    assert "[...]" not in stderr and bar in stderr  # the program's bytes as it wrote them
+    assert stderr.count("\r") == 3000 and done.stdout == b"val_acc=0.97\n"
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     metrics = [e for e in events if e["event"] == "metrics"]
     last: dict[str, float] = {}
@@ -338,8 +340,76 @@ def test_a_progress_bar_passes_through_whole_and_its_redraws_are_metrics(tmp_pat
     output = (run_dir / "output.log").read_bytes()
     # The bytes as the program wrote them (print() writes "val_acc=0.97" and its newline apart, and
     # the two streams' chunks land in output.log as each is read: the stderr's may come between).
-    written = "".join(f"\rtrain {i}/3000 loss={1 / (i + 1):.6f} " + "#" * 20 for i in range(3000)) + "\nval_acc=0.97\n"
+    written = bar + "val_acc=0.97\n"
     assert output.count(b"\r") == 3000 and b"val_acc=0.97" in output and len(output) == len(written.encode())
+
+
+INTERLEAVED = r'''
+import sys
+for i in range(300):
+    print(f"out {i}", flush=True)
+    print(f"err {i}", file=sys.stderr, flush=True)
+sys.stdout.buffer.write(b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline")
+'''
+INTERLEAVED_BYTES = ("".join(f"out {i}\nerr {i}\n" for i in range(300)).encode()
+                     + b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline")
+
+
+def test_stdout_and_stderr_sent_to_one_file_keep_the_order_they_were_written_in(tmp_path: Path) -> None:
+    """`gputui run -- prog > log 2>&1`: the two streams came through two pipes, so a tqdm bar's
+    end (stderr) and the epoch's line after it (stdout) were swapped about every other time, in
+    the log and in output.log. Where both go to one place they now share one pipe: the order is
+    the program's, and the bytes are the program's (not cut at 64 KiB, not decoded)."""
+    (tmp_path / "inter.py").write_text(INTERLEAVED)
+    log = tmp_path / "log"
+    with log.open("wb") as out:
+        done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
+                              env=cli_env(), cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, timeout=180)
+    shown = log.read_bytes()
+    assert done.returncode == 0, shown[-2000:]
+    assert INTERLEAVED_BYTES in shown  # gputui's own lines come before and after it
+    assert (tmp_path / "run" / "output.log").read_bytes() == INTERLEAVED_BYTES
+
+
+def test_stdout_sent_to_a_file_from_a_terminal_gets_the_programs_bytes(tmp_path: Path) -> None:
+    """`gputui run -- prog > out.txt` on a terminal: the program's stdout went to the terminal
+    (drawn above the status line with its stderr) and out.txt stayed empty. It now goes to
+    out.txt unchanged; the terminal shows the program's stderr and gputui's status."""
+    import pty
+    import threading
+
+    (tmp_path / "inter.py").write_text(INTERLEAVED)
+    master, slave = pty.openpty()
+    screen = bytearray()
+
+    def read_screen() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last writer has closed it
+                return
+            if not data:
+                return
+            screen.extend(data)
+
+    reader = threading.Thread(target=read_screen, daemon=True)
+    reader.start()
+    env = {k: v for k, v in cli_env(TERM="xterm", COLUMNS="100").items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    try:
+        with (tmp_path / "out.txt").open("wb") as out:
+            done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
+                                  env=env, cwd=tmp_path, stdout=out, stderr=slave, stdin=subprocess.DEVNULL, timeout=180)
+    finally:
+        os.close(slave)
+    reader.join(30)
+    assert not reader.is_alive(), "the terminal was not closed after gputui ended"
+    os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))  # the status line's styles
+    assert done.returncode == 0, text[-2000:]
+    assert (tmp_path / "out.txt").read_bytes() == "".join(f"out {i}\n" for i in range(300)).encode() + \
+        b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline"
+    assert b"\x1b[?25l" in screen, "gputui did not take stderr for a terminal (no live status line)"
+    assert "err 299" in text and "done:" in text and "out 1" not in text
 
 
 @pytest.mark.integration

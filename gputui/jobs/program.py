@@ -30,7 +30,7 @@ from gputui.model.lines import OUTPUT_LINE, LineSplitter
 from gputui.model.text import clean
 from gputui.runs import store as runs
 
-OUTPUT = "output.log"  # the program's stdout and stderr, unchanged
+OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written, unless they go apart)
 REPORTED = "reported.jsonl"  # GPUTUI_EVENTS: the program appends its report lines here
 CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
@@ -243,12 +243,15 @@ class _Pump(threading.Thread):
     """One output stream of the program: to output.log unchanged, and segment by segment to
     `line(text, stream, end)`, split as a terminal shows it: `end` is "\n" for a line, "\r" for a
     progress bar's redraw, and "" for what is shown of a segment not yet ended (after each chunk,
-    when it changed: a bar drawn as "\r" + text shows now, not at its next redraw)."""
+    when it changed: a bar drawn as "\r" + text shows now, not at its next redraw). With `copy`
+    (a file, a pipe: not a view that draws it) each chunk also goes there as it came, and only
+    lines and redraws are given to `line` (for metrics_regex)."""
 
     def __init__(self, stream: Any, name: str, log: Any, lock: threading.Lock,
-                 line: Callable[[str, str, str], None]) -> None:
+                 line: Callable[[str, str, str], None], copy: Callable[[bytes], None] | None = None) -> None:
         super().__init__(name=f"gputui-{name}", daemon=True)
         self.stream, self.kind, self.log, self.lock, self.line = stream, name, log, lock, line
+        self.copy = copy
         self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]", redraws=True)
         self.last = ""
         self.lost: str | None = None  # why output.log first refused a chunk (the run says it once)
@@ -271,9 +274,13 @@ class _Pump(threading.Thread):
                 except OSError as exc:  # a full disk costs the log, never the run
                     if self.lost is None:
                         self.lost = str(exc.strerror or exc)
+            if self.copy is not None:
+                self.copy(chunk)
             done = self.splitter.feed(chunk)
             for raw in done:
                 self._segment(raw)
+            if self.copy is not None:
+                continue
             pending = self.splitter.pending(SHOWN_PENDING)
             if pending != shown or (done and pending):
                 shown = pending
@@ -449,10 +456,12 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
 
     output_lock = threading.Lock()
 
+    streams: list[tuple[str, Callable[[bytes], None] | None]] = []
+    drawn: set[str] = set()
+
     def on_line(text: str, stream: str, end: str) -> None:
-        shown = getattr(view, "output", None)
-        if shown is not None:
-            shown(text, stream, end)
+        if stream in drawn:
+            view.output(text, stream, end)
         record = outputs.match(text) if outputs.patterns and end else None  # a line, or a bar's redraw
         if record is not None:
             with output_lock:
@@ -461,6 +470,12 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     tick = getattr(view, "tick", None)  # a terminal view draws what changed while nothing else comes
     stop = stop if stop is not None else StopFlag()
     emit(events.make("start", **start))
+    # Where the program's output goes, once the view has its start: one pipe for stdout and
+    # stderr where both end in one place (the terminal, one log, nowhere: their order kept, in
+    # output.log too), else one each; a stream the view does not draw is copied as it came
+    # (`> out.txt` gets the program's bytes).
+    streams[:] = getattr(view, "program_streams", lambda: [("output", None)])()
+    drawn.update(name for name, copy in streams if copy is None and hasattr(view, "output"))
     output_file = open(run.path / OUTPUT, "ab", buffering=0)
     proc: subprocess.Popen[bytes] | None = None
     tree: Tree | None = None
@@ -471,12 +486,13 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gputui.jobs.keeper", "--grace", str(cfg.stop_grace_s),
                  "--parent", str(os.getpid()), "--umask", f"{user_umask():o}", "--", *argv],
-                cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if len(streams) > 1 else subprocess.STDOUT,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 start_new_session=not sys.platform.startswith("linux"))
             tree = Tree(proc)
-            pumps = [_Pump(proc.stdout, "stdout", output_file, lock, on_line),
-                     _Pump(proc.stderr, "stderr", output_file, lock, on_line)]
+            pumps = [_Pump(pipe, name, output_file, lock, on_line, copy)
+                     for (name, copy), pipe in zip(streams, (proc.stdout, proc.stderr))]
             for pump in pumps:
                 pump.start()
             reported = ReportsFile(run.path / REPORTED)
@@ -551,7 +567,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
             emit(events.make("done", **{k: v for k, v in dict(exit_code=0, elapsed_s=end, step=position["step"]).items()
                                         if v is not None}))
             return "done"
-        last = clean(pumps[1].last or pumps[0].last or "no output")[:300]
+        last = clean(next((pump.last for pump in reversed(pumps) if pump.last), "no output"))[:300]  # stderr's first
         message = f"{Path(command[0]).name} exited with code {code}: {last}"
         emit(events.make("error", message=message, exit_code=code, elapsed_s=end))
         raise GputuiError(message)

@@ -3,7 +3,8 @@
 The program's output is shown as it comes; one status line under it (on a terminal) holds its
 latest metrics, the elapsed time, steps per second and the GPUs it holds. Off a terminal (a
 log, `| cat`) the output passes through unchanged and the status goes out as a line at the
-start and at the end. Names and numbers from the program are data: cleaned, never markup.
+start and at the end; so does a stream sent elsewhere (`> out.txt`: the program's stdout, whole).
+Names and numbers from the program are data: cleaned, never markup.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from gputui.model import units
 from gputui.model.events import metric_values, typed
@@ -58,6 +59,22 @@ class ProgramView:
         self._lock = threading.Lock()  # two pumps and the runner call in
 
     # -- what the runner gives ------------------------------------------------------------
+    def program_streams(self) -> list[tuple[str, Callable[[bytes], None] | None]]:
+        """How the program's output comes, asked once the run has started: one stream ("output",
+        stdout and stderr in one pipe, in the order written) where gputui's stdout and stderr are
+        one place, else "stdout" and "stderr". Each with where its bytes are copied unchanged (a
+        file, a pipe: `> out.txt` gets the program's stdout whole), or None where this terminal
+        view draws it, line by line above the status line."""
+        out, err = sys.stdout, self.console.file
+        together = _same_place(out, err)
+        if self.live is None:
+            if together:
+                return [("output", _Copy(out))]
+            return [("stdout", _Copy(out)), ("stderr", _Copy(err))]
+        if together:
+            return [("output", None)]
+        return [("stdout", _Copy(out)), ("stderr", None)]
+
     def output(self, line: str, stream: str, end: str = "\n") -> None:
         """A line of the program's (`end` "\n"), a progress bar's redraw ("\r"), or what shows of
         a line not yet ended (""). On a terminal a bar stays one line, just above the status line,
@@ -205,6 +222,41 @@ class ProgramView:
             self._draw()
 
 
+def _same_place(one: Any, other: Any) -> bool:
+    """Whether two text streams write to the same file, pipe or terminal (unknown: not)."""
+    import os
+
+    try:
+        return os.path.samestat(os.fstat(one.fileno()), os.fstat(other.fileno()))
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return one is other
+
+
+class _Copy:
+    """A program's bytes, written unchanged to one of gputui's streams (through its binary
+    buffer, after what gputui itself wrote there). Once the stream refuses (a reader gone:
+    `| head`), it is given nothing more: the run goes on, its output still in output.log."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.binary = getattr(out, "buffer", None)
+        self.broken = out is None  # gputui started with that stream closed
+
+    def __call__(self, chunk: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self.out.flush()
+            if self.binary is not None:
+                self.binary.write(chunk)
+                self.binary.flush()
+            else:
+                self.out.write(chunk.decode("utf-8", errors="replace"))
+                self.out.flush()
+        except (OSError, ValueError):
+            self.broken = True
+
+
 PENDING_EVENTS = 256  # events held before the run's start (a cluster's bring-up says a few)
 
 
@@ -227,6 +279,12 @@ class TerminalView:
 
                 self.inner = ProgressView()
         return self.inner
+
+    def program_streams(self) -> list[tuple[str, Callable[[bytes], None] | None]]:
+        inner = self.inner
+        if isinstance(inner, ProgramView):
+            return inner.program_streams()
+        return [("output", None)]
 
     def output(self, line: str, stream: str, end: str = "\n") -> None:
         inner = self.inner
