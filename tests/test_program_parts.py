@@ -578,6 +578,11 @@ def test_the_programs_streams_share_a_pipe_where_they_meet_and_are_copied_where_
     assert placed(other, live=False) == [("stdout", True), ("stderr", True)]
     assert placed(log, live=True) == [("output", False)]  # one pipe, drawn line by line
     assert placed(other, live=True) == [("stdout", True), ("stderr", False)]
+    from gputui.views.program import TerminalView
+
+    # Nobody reads it as one (a view not yet picked; --json and sweeps have no program_streams):
+    # two pipes, so the error event can name the last stderr line.
+    assert TerminalView().program_streams() == [("stdout", None), ("stderr", None)]
 
     view.live = None
     copy = dict(view.program_streams())["stdout"]

@@ -55,7 +55,8 @@ while step < end:
     time.sleep(0.02)
 ck.write_text(str(step))
 if mode == "short":
-    print("oops: the last line of stderr", file=sys.stderr)
+    print("oops: the last line of stderr", file=sys.stderr, flush=True)
+    print("a line of stdout after it", flush=True)  # --json: two pipes, the error names stderr's line
     sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 '''
 

@@ -30,7 +30,7 @@ from gputui.model.lines import OUTPUT_LINE, LineSplitter
 from gputui.model.text import clean
 from gputui.runs import store as runs
 
-OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written, unless they go apart)
+OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written where they share a pipe)
 REPORTED = "reported.jsonl"  # GPUTUI_EVENTS: the program appends its report lines here
 CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
@@ -471,10 +471,10 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     stop = stop if stop is not None else StopFlag()
     emit(events.make("start", **start))
     # Where the program's output goes, once the view has its start: one pipe for stdout and
-    # stderr where both end in one place (the terminal, one log, nowhere: their order kept, in
-    # output.log too), else one each; a stream the view does not draw is copied as it came
-    # (`> out.txt` gets the program's bytes).
-    streams[:] = getattr(view, "program_streams", lambda: [("output", None)])()
+    # stderr where a person sees both in one place (a terminal, `> log 2>&1`: their order kept,
+    # in output.log too), else one each (--json, a sweep: the error event names the last line
+    # of stderr); a stream the view does not draw is copied as it came (`> out.txt`).
+    streams[:] = getattr(view, "program_streams", lambda: [("stdout", None), ("stderr", None)])()
     drawn.update(name for name, copy in streams if copy is None and hasattr(view, "output"))
     output_file = open(run.path / OUTPUT, "ab", buffering=0)
     proc: subprocess.Popen[bytes] | None = None
