@@ -580,9 +580,9 @@ def test_the_programs_streams_share_a_pipe_where_they_meet_and_are_copied_where_
     assert placed(other, live=True) == [("stdout", True), ("stderr", False)]
     from gputui.views.program import TerminalView
 
-    # Nobody reads it as one (a view not yet picked; --json and sweeps have no program_streams):
-    # two pipes, so the error event can name the last stderr line.
-    assert TerminalView().program_streams() == [("stdout", None), ("stderr", None)]
+    # Only output.log has it (a view not yet picked; --json, the dashboard and sweeps have no
+    # program_streams): one pipe, in order.
+    assert TerminalView().program_streams() == [("output", None)]
 
     view.live = None
     copy = dict(view.program_streams())["stdout"]
@@ -596,3 +596,50 @@ def test_the_programs_streams_share_a_pipe_where_they_meet_and_are_copied_where_
     copy(b"more")
     log.close()
     again.close()
+
+
+def test_two_streams_sharing_output_log_never_write_inside_each_others_lines() -> None:
+    """With two pipes (--json, the dashboard, sweeps) each pump wrote its chunks as they came:
+    a stdout line landed inside a tqdm frame of stderr ("epoch 0:  90%|...|epoch 0 val_acc:
+    0.90"), and the dashboard's output view showed it so. Each now writes whole lines and
+    redraws. Here stderr's pump is held after its first chunk (a frame not yet ended) while
+    stdout's line is written: the line comes between the frames, not inside one."""
+    import io
+    import threading
+
+    from gputui.jobs.program import _at_segment_end, _Pump
+
+    assert _at_segment_end(b"a\nb\rc") == (b"a\nb\r", b"c")
+    assert _at_segment_end(b"a\nb\r") == (b"a\n", b"b\r")  # maybe the first half of a CRLF
+    assert _at_segment_end(b"x" * (70 * 1024)) == (b"x" * (70 * 1024), b"")  # too long to hold: written
+
+    asked, go = threading.Event(), threading.Event()
+
+    class Held:
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        def read1(self, size: int) -> bytes:
+            if len(self.chunks) == 1:  # stderr's first chunk has been written: let stdout in
+                asked.set()
+                assert go.wait(30), "the test never let stderr's pump go on"
+            return self.chunks.pop(0) if self.chunks else b""
+
+        read = read1
+
+    log, lock = io.BytesIO(), threading.Lock()
+    seen: list[str] = []
+    stderr = _Pump(Held([b"\repoch 0:  90%|#########", b"\repoch 0: 100%|##########\n"]), "stderr", log, lock,
+                   lambda text, stream, end: seen.append(text), whole_segments=True)
+    stdout = _Pump(io.BytesIO(b"epoch 0 val_acc: 0.90\n"), "stdout", log, lock,
+                   lambda text, stream, end: seen.append(text), whole_segments=True)
+    stderr.start()
+    assert asked.wait(30), "stderr's pump did not read its first chunk"
+    stdout.run()
+    go.set()
+    stderr.join(30)
+    assert not stderr.is_alive()
+    written = log.getvalue()
+    assert sorted(written) == sorted(b"\repoch 0:  90%|#########\repoch 0: 100%|##########\nepoch 0 val_acc: 0.90\n")
+    segments = written.replace(b"\r", b"\n").split(b"\n")
+    assert b"epoch 0 val_acc: 0.90" in segments and b"epoch 0:  90%|#########" in segments, written

@@ -55,8 +55,7 @@ while step < end:
     time.sleep(0.02)
 ck.write_text(str(step))
 if mode == "short":
-    print("oops: the last line of stderr", file=sys.stderr, flush=True)
-    print("a line of stdout after it", flush=True)  # --json: two pipes, the error names stderr's line
+    print("oops: the last line of stderr", file=sys.stderr)
     sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 '''
 
@@ -356,19 +355,24 @@ INTERLEAVED_BYTES = ("".join(f"out {i}\nerr {i}\n" for i in range(300)).encode()
                      + b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline")
 
 
-def test_stdout_and_stderr_sent_to_one_file_keep_the_order_they_were_written_in(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["2>&1", "--json"])
+def test_stdout_and_stderr_keep_the_order_they_were_written_in(tmp_path: Path, how: str) -> None:
     """`gputui run -- prog > log 2>&1`: the two streams came through two pipes, so a tqdm bar's
     end (stderr) and the epoch's line after it (stdout) were swapped about every other time, in
-    the log and in output.log. Where both go to one place they now share one pipe: the order is
-    the program's, and the bytes are the program's (not cut at 64 KiB, not decoded)."""
+    the log and in output.log (which the dashboard's `o` shows: its runs are `--json`). They now
+    share one pipe: the order is the program's, and so are the bytes (not cut at 64 KiB, not
+    decoded)."""
     (tmp_path / "inter.py").write_text(INTERLEAVED)
     log = tmp_path / "log"
+    flags = ["--json"] if how == "--json" else []
     with log.open("wb") as out:
-        done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
-                              env=cli_env(), cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, timeout=180)
+        done = subprocess.run(argv("run", *flags, "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
+                              env=cli_env(), cwd=tmp_path, stdout=out, timeout=180,
+                              stderr=subprocess.STDOUT if how == "2>&1" else subprocess.PIPE)
     shown = log.read_bytes()
     assert done.returncode == 0, shown[-2000:]
-    assert INTERLEAVED_BYTES in shown  # gputui's own lines come before and after it
+    if how == "2>&1":
+        assert INTERLEAVED_BYTES in shown  # gputui's own lines come before and after it
     assert (tmp_path / "run" / "output.log").read_bytes() == INTERLEAVED_BYTES
 
 

@@ -30,7 +30,7 @@ from gputui.model.lines import OUTPUT_LINE, LineSplitter
 from gputui.model.text import clean
 from gputui.runs import store as runs
 
-OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written where they share a pipe)
+OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written, but for `> out.txt`)
 REPORTED = "reported.jsonl"  # GPUTUI_EVENTS: the program appends its report lines here
 CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
@@ -245,13 +245,17 @@ class _Pump(threading.Thread):
     progress bar's redraw, and "" for what is shown of a segment not yet ended (after each chunk,
     when it changed: a bar drawn as "\r" + text shows now, not at its next redraw). With `copy`
     (a file, a pipe: not a view that draws it) each chunk also goes there as it came, and only
-    lines and redraws are given to `line` (for metrics_regex)."""
+    lines and redraws are given to `line` (for metrics_regex). With `whole_segments` (two pumps
+    writing one output.log) the log gets whole lines and redraws, so the other stream's lines
+    come between them, never inside one (a tqdm frame had a stdout line glued into it)."""
 
     def __init__(self, stream: Any, name: str, log: Any, lock: threading.Lock,
-                 line: Callable[[str, str, str], None], copy: Callable[[bytes], None] | None = None) -> None:
+                 line: Callable[[str, str, str], None], copy: Callable[[bytes], None] | None = None,
+                 whole_segments: bool = False) -> None:
         super().__init__(name=f"gputui-{name}", daemon=True)
         self.stream, self.kind, self.log, self.lock, self.line = stream, name, log, lock, line
         self.copy = copy
+        self.whole_segments = whole_segments  # output.log is shared with the other stream's pump
         self.splitter = LineSplitter(OUTPUT_LINE, marker=b" [...]", redraws=True)
         self.last = ""
         self.lost: str | None = None  # why output.log first refused a chunk (the run says it once)
@@ -259,6 +263,7 @@ class _Pump(threading.Thread):
     def run(self) -> None:
         read = getattr(self.stream, "read1", self.stream.read)
         shown = b""
+        held = b""  # what follows the last line or redraw that ended, held from output.log (shared)
         while True:
             try:
                 chunk = read(65536)
@@ -266,14 +271,11 @@ class _Pump(threading.Thread):
                 break
             if not chunk:
                 break
-            with self.lock:
-                try:  # unbuffered: a chunk the disk refused is not retried at close
-                    written = self.log.write(chunk)
-                    if written is not None and written < len(chunk):
-                        raise OSError(f"a short write ({written} of {len(chunk)} bytes): is the disk full?")
-                except OSError as exc:  # a full disk costs the log, never the run
-                    if self.lost is None:
-                        self.lost = str(exc.strerror or exc)
+            if self.whole_segments:
+                ended, held = _at_segment_end(held + chunk)
+                self._log(ended)
+            else:
+                self._log(chunk)
             if self.copy is not None:
                 self.copy(chunk)
             done = self.splitter.feed(chunk)
@@ -285,9 +287,22 @@ class _Pump(threading.Thread):
             if pending != shown or (done and pending):
                 shown = pending
                 self.line(pending.decode("utf-8", errors="replace"), self.kind, "")
+        self._log(held)
         rest = self.splitter.finish()
         if rest is not None:
             self._segment(rest)
+
+    def _log(self, data: bytes) -> None:
+        if not data:
+            return
+        with self.lock:
+            try:  # unbuffered: a chunk the disk refused is not retried at close
+                written = self.log.write(data)
+                if written is not None and written < len(data):
+                    raise OSError(f"a short write ({written} of {len(data)} bytes): is the disk full?")
+            except OSError as exc:  # a full disk costs the log, never the run
+                if self.lost is None:
+                    self.lost = str(exc.strerror or exc)
 
     def _segment(self, raw: bytes) -> None:
         end = "\r" if raw.endswith(b"\r") else "\n"
@@ -295,6 +310,20 @@ class _Pump(threading.Thread):
         if text.strip():
             self.last = text
         self.line(text, self.kind, end)
+
+
+LOG_HELD = 64 * 1024  # bytes of a line not yet ended that output.log waits for before it takes them anyway
+
+
+def _at_segment_end(data: bytes) -> tuple[bytes, bytes]:
+    """`data` cut after its last line or redraw that has ended, and the rest (held for the next
+    chunk): a "\r" at the very end may be a CRLF's first half, so it does not end one yet. A
+    rest longer than LOG_HELD is not held: the log never lags far behind, nor grows a buffer."""
+    stop = len(data) - 1 if data.endswith(b"\r") else len(data)
+    cut = max(data.rfind(b"\n", 0, stop), data.rfind(b"\r", 0, stop)) + 1
+    if len(data) - cut > LOG_HELD:
+        cut = len(data)
+    return data[:cut], data[cut:]
 
 
 def command_text(command: Sequence[str]) -> str:
@@ -471,10 +500,9 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     stop = stop if stop is not None else StopFlag()
     emit(events.make("start", **start))
     # Where the program's output goes, once the view has its start: one pipe for stdout and
-    # stderr where a person sees both in one place (a terminal, `> log 2>&1`: their order kept,
-    # in output.log too), else one each (--json, a sweep: the error event names the last line
-    # of stderr); a stream the view does not draw is copied as it came (`> out.txt`).
-    streams[:] = getattr(view, "program_streams", lambda: [("stdout", None), ("stderr", None)])()
+    # stderr (their order kept, in output.log too), unless the view sends them to two places
+    # (`> out.txt` on a terminal); a stream the view does not draw is copied as it came.
+    streams[:] = getattr(view, "program_streams", lambda: [("output", None)])()
     drawn.update(name for name, copy in streams if copy is None and hasattr(view, "output"))
     output_file = open(run.path / OUTPUT, "ab", buffering=0)
     proc: subprocess.Popen[bytes] | None = None
@@ -491,7 +519,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 start_new_session=not sys.platform.startswith("linux"))
             tree = Tree(proc)
-            pumps = [_Pump(pipe, name, output_file, lock, on_line, copy)
+            pumps = [_Pump(pipe, name, output_file, lock, on_line, copy, whole_segments=len(streams) > 1)
                      for (name, copy), pipe in zip(streams, (proc.stdout, proc.stderr))]
             for pump in pumps:
                 pump.start()

@@ -284,7 +284,7 @@ class TerminalView:
         inner = self.inner
         if isinstance(inner, ProgramView):
             return inner.program_streams()
-        return [("stdout", None), ("stderr", None)]
+        return [("output", None)]
 
     def output(self, line: str, stream: str, end: str = "\n") -> None:
         inner = self.inner
