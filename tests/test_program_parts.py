@@ -148,6 +148,9 @@ def test_a_missing_program_is_one_line(tmp_path: Path) -> None:
     assert find_program("./train.sh", tmp_path, "") == str(tmp_path / "train.sh")
     with pytest.raises(UserError, match="does not exist"):
         find_program("./nope.sh", tmp_path, "")
+    (tmp_path / "code").mkdir()  # said "does not exist" of a directory that does
+    with pytest.raises(UserError, match=r"^\./code: is a directory, not a program"):
+        find_program("./code", tmp_path, "")
 
 
 def sample(index: int, used: float, util: float, total: float = 80000) -> GpuSample:

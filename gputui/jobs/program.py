@@ -385,7 +385,12 @@ def find_program(name: str, workdir: Path, path: str) -> str:
         where = workdir / Path(name).expanduser()
         if where.is_file() and os.access(where, os.X_OK):
             return str(where)
-        why = "is not executable (chmod +x it, or put its interpreter first)" if where.is_file() else "does not exist"
+        if where.is_file():
+            why = "is not executable (chmod +x it, or put its interpreter first)"
+        elif where.is_dir():
+            why = "is a directory, not a program (name the program in it, e.g. python train.py)"
+        else:
+            why = "does not exist"
         raise UserError(f"{name}: {why} (from the workdir {workdir})")
     found = shutil.which(name, path=path)
     if found is None:
