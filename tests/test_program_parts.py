@@ -646,3 +646,32 @@ def test_two_streams_sharing_output_log_never_write_inside_each_others_lines() -
     assert sorted(written) == sorted(b"\repoch 0:  90%|#########\repoch 0: 100%|##########\nepoch 0 val_acc: 0.90\n")
     segments = written.replace(b"\r", b"\n").split(b"\n")
     assert b"epoch 0 val_acc: 0.90" in segments and b"epoch 0:  90%|#########" in segments, written
+
+
+def test_on_a_terminal_a_clusters_stdout_lines_go_to_stdout_when_it_is_not_that_terminal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's rank 0 gives its lines to the view (one stream from its node): under
+    `> out.txt` they were drawn on the terminal and out.txt stayed empty, as a local program's
+    stdout was. They now go where gputui's stdout goes; the terminal keeps the status line."""
+    from rich.console import Console
+
+    from gputui.model.events import make
+    from gputui.views.program import ProgramView
+
+    screen = (tmp_path / "screen").open("w")
+    out = (tmp_path / "out.txt").open("w")
+    monkeypatch.setattr(sys, "stdout", out)
+    view = ProgramView()
+    view.console = Console(file=screen, force_terminal=True, width=100)
+    view.show(make("start", run_id="r1", program="python train.py", workdir="/w", gpus=[], device="cpu",
+                   strategy="single", world_size=1))
+    assert view.live is not None
+    view.output("train 1/2", "stdout", "\r")
+    view.output("val_acc=0.97", "stdout", "\n")
+    view.output("a warning of gputui's own stream", "stderr", "\n")
+    view.close()
+    out.close()
+    screen.close()
+    assert (tmp_path / "out.txt").read_bytes() == b"train 1/2\rval_acc=0.97\n"
+    drawn = (tmp_path / "screen").read_text()
+    assert "val_acc" not in drawn and "a warning of gputui's own stream" in drawn

@@ -57,6 +57,7 @@ class ProgramView:
         self._elapsed_at: float | None = None  # when `elapsed` was last said: the clock counts on from it
         self._printed = 0.0
         self._lock = threading.Lock()  # two pumps and the runner call in
+        self.stdout: Any = None  # gputui's own stdout, once the live display has taken sys.stdout
 
     # -- what the runner gives ------------------------------------------------------------
     def program_streams(self) -> list[tuple[str, Callable[[bytes], None] | None]]:
@@ -65,8 +66,8 @@ class ProgramView:
         one place, else "stdout" and "stderr". Each with where its bytes are copied unchanged (a
         file, a pipe: `> out.txt` gets the program's stdout whole), or None where this terminal
         view draws it, line by line above the status line."""
-        out, err = sys.stdout, self.console.file
-        together = _same_place(out, err)
+        out, err = self._stdout(), self.console.file
+        together = self._together()
         if self.live is None:
             if together:
                 return [("output", _Copy(out))]
@@ -75,11 +76,21 @@ class ProgramView:
             return [("output", None)]
         return [("stdout", _Copy(out)), ("stderr", None)]
 
+    def _stdout(self) -> Any:
+        """gputui's stdout (not the live display's stand-in for it, which prints on the terminal)."""
+        return self.stdout if self.stdout is not None else sys.stdout
+
+    def _together(self) -> bool:
+        """Whether gputui's stdout is where this view draws."""
+        return _same_place(self._stdout(), self.console.file)
+
     def output(self, line: str, stream: str, end: str = "\n") -> None:
         """A line of the program's (`end` "\n"), a progress bar's redraw ("\r"), or what shows of
         a line not yet ended (""). On a terminal a bar stays one line, just above the status line,
-        redrawn in place; off a terminal a redraw passes through as it came (text, then "\r")."""
-        if self.live is not None:
+        redrawn in place; off a terminal a redraw passes through as it came (text, then "\r"),
+        and so does a stdout line when gputui's stdout is not that terminal (a cluster's rank 0
+        under `> out.txt`: its node gives stdout and stderr as one stream)."""
+        if self.live is not None and (stream != "stdout" or self._together()):
             if end != "\n":
                 text = clean(line.replace("\t", "    "))
                 self.progress = (stream, text) if text.strip() else None
@@ -95,7 +106,7 @@ class ProgramView:
             if self._dirty:
                 self._draw()
         elif end:
-            out = sys.stdout if stream == "stdout" else sys.stderr
+            out = self._stdout() if stream == "stdout" else sys.stderr
             try:
                 out.write(line + end)
                 out.flush()
@@ -119,6 +130,7 @@ class ProgramView:
             if self.console.is_terminal:
                 from rich.live import Live
 
+                self.stdout = sys.stdout  # the live display puts a stand-in of its own there
                 self.live = Live(self._status(), console=self.console, auto_refresh=False, transient=True)
                 self.live.start()
         elif kind == "metrics":
@@ -223,13 +235,16 @@ class ProgramView:
 
 
 def _same_place(one: Any, other: Any) -> bool:
-    """Whether two text streams write to the same file, pipe or terminal (unknown: not)."""
+    """Whether two text streams write to the same file, pipe or terminal: not when one is closed
+    (None); taken to be when Python's streams were replaced by objects without a file (tests)."""
     import os
 
+    if one is None or other is None:
+        return False
     try:
         return os.path.samestat(os.fstat(one.fileno()), os.fstat(other.fileno()))
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        return one is other
+        return True
 
 
 class _Copy:
