@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -376,10 +377,9 @@ def test_stdout_and_stderr_keep_the_order_they_were_written_in(tmp_path: Path, h
     assert (tmp_path / "run" / "output.log").read_bytes() == INTERLEAVED_BYTES
 
 
-def test_stdout_sent_to_a_file_from_a_terminal_gets_the_programs_bytes(tmp_path: Path) -> None:
-    """`gputui run -- prog > out.txt` on a terminal: the program's stdout went to the terminal
-    (drawn above the status line with its stderr) and out.txt stayed empty. It now goes to
-    out.txt unchanged; the terminal shows the program's stderr and gputui's status."""
+def on_a_terminal(tmp_path: Path, stdout: Any) -> tuple[int, bytes]:
+    """`gputui run -- python inter.py` with stderr on a pseudo-terminal (read as it comes) and
+    stdout where the test says: its exit code and what the terminal got."""
     import pty
     import threading
 
@@ -401,20 +401,62 @@ def test_stdout_sent_to_a_file_from_a_terminal_gets_the_programs_bytes(tmp_path:
     reader.start()
     env = {k: v for k, v in cli_env(TERM="xterm", COLUMNS="100").items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
     try:
-        with (tmp_path / "out.txt").open("wb") as out:
-            done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
-                                  env=env, cwd=tmp_path, stdout=out, stderr=slave, stdin=subprocess.DEVNULL, timeout=180)
+        done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
+                              env=env, cwd=tmp_path, stdout=stdout, stderr=slave, stdin=subprocess.DEVNULL, timeout=180)
     finally:
         os.close(slave)
     reader.join(30)
     assert not reader.is_alive(), "the terminal was not closed after gputui ended"
     os.close(master)
+    return done.returncode, bytes(screen)
+
+
+INTERLEAVED_STDOUT = "".join(f"out {i}\n" for i in range(300)).encode() + b"\xff\xfe not utf-8 " + b"x" * 200_000 \
+    + b" and no newline"
+
+
+def test_stdout_sent_to_a_file_from_a_terminal_gets_the_programs_bytes(tmp_path: Path) -> None:
+    """`gputui run -- prog > out.txt` on a terminal: the program's stdout went to the terminal
+    (drawn above the status line with its stderr) and out.txt stayed empty. It now goes to
+    out.txt unchanged; the terminal shows the program's stderr and gputui's status."""
+    with (tmp_path / "out.txt").open("wb") as out:
+        code, screen = on_a_terminal(tmp_path, out)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))  # the status line's styles
-    assert done.returncode == 0, text[-2000:]
-    assert (tmp_path / "out.txt").read_bytes() == "".join(f"out {i}\n" for i in range(300)).encode() + \
-        b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline"
+    assert code == 0, text[-2000:]
+    assert (tmp_path / "out.txt").read_bytes() == INTERLEAVED_STDOUT
     assert b"\x1b[?25l" in screen, "gputui did not take stderr for a terminal (no live status line)"
     assert "err 299" in text and "done:" in text and "out 1" not in text
+
+
+def test_stdout_piped_from_a_terminal_gets_no_live_display_that_would_erase_what_its_reader_prints(
+        tmp_path: Path) -> None:
+    """`gputui run -- prog | tee log`: tee prints the program's stdout on the terminal where the
+    live status line is drawn, and each redraw erased tee's last lines (the epochs' val_acc lines
+    vanished from the screen). With stdout a pipe beside the terminal, gputui prints as off a
+    terminal: the program's stderr as it came, a status line at the start and at the end."""
+    import threading
+
+    read_end, write_end = os.pipe()
+    piped = bytearray()
+
+    def read_pipe() -> None:
+        while data := os.read(read_end, 65536):
+            piped.extend(data)
+
+    reader = threading.Thread(target=read_pipe, daemon=True)
+    reader.start()
+    try:
+        code, screen = on_a_terminal(tmp_path, write_end)
+    finally:
+        os.close(write_end)
+    reader.join(30)
+    assert not reader.is_alive(), "the pipe was not closed after gputui ended"
+    os.close(read_end)
+    assert code == 0, screen[-2000:]
+    assert bytes(piped) == INTERLEAVED_STDOUT
+    assert b"\x1b[?25l" not in screen, "a live display was drawn beside a pipe's reader"
+    assert "".join(f"err {i}\r\n" for i in range(300)).encode() in screen  # the terminal's own newlines
+    assert "done: " in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
 
 
 @pytest.mark.integration

@@ -127,7 +127,7 @@ class ProgramView:
             self.elapsed = elapsed
             if not event.get("resumed"):  # a resumed run's clock goes on from where it was: its first report says
                 self._elapsed_at = time.monotonic()
-            if self.console.is_terminal:
+            if self.console.is_terminal and not _pipe_beside(sys.stdout, self.console.file):
                 from rich.live import Live
 
                 self.stdout = sys.stdout  # the live display puts a stand-in of its own there
@@ -245,6 +245,22 @@ def _same_place(one: Any, other: Any) -> bool:
         return os.path.samestat(os.fstat(one.fileno()), os.fstat(other.fileno()))
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
         return True
+
+
+def _pipe_beside(out: Any, terminal: Any) -> bool:
+    """Whether gputui's stdout is a pipe (or a socket) apart from the terminal the view draws on:
+    what reads it (`| tee log`, `| grep`) may print on that terminal, where a live status line
+    would erase its lines at each redraw. The view then prints as it does off a terminal."""
+    import os
+    import stat
+
+    if out is None or _same_place(out, terminal):
+        return False
+    try:
+        mode = os.fstat(out.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 class _Copy:
