@@ -371,7 +371,7 @@ def test_stdout_and_stderr_keep_the_order_they_were_written_in(tmp_path: Path, h
                               env=cli_env(), cwd=tmp_path, stdout=out, timeout=180,
                               stderr=subprocess.STDOUT if how == "2>&1" else subprocess.PIPE)
     shown = log.read_bytes()
-    assert done.returncode == 0, shown[-2000:]
+    assert done.returncode == 0, shown[-2000:] + (done.stderr or b"")[-2000:]
     if how == "2>&1":
         assert INTERLEAVED_BYTES in shown  # gputui's own lines come before and after it
     assert (tmp_path / "run" / "output.log").read_bytes() == INTERLEAVED_BYTES
