@@ -490,9 +490,6 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
 
     output_lock = threading.Lock()
 
-    streams: list[tuple[str, Callable[[bytes], None] | None]] = []
-    drawn: set[str] = set()
-
     def on_line(text: str, stream: str, end: str) -> None:
         if stream in drawn:
             view.output(text, stream, end)
@@ -507,8 +504,9 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
     # Where the program's output goes, once the view has its start: one pipe for stdout and
     # stderr (their order kept, in output.log too), unless the view sends them to two places
     # (`> out.txt` on a terminal); a stream the view does not draw is copied as it came.
-    streams[:] = getattr(view, "program_streams", lambda: [("output", None)])()
-    drawn.update(name for name, copy in streams if copy is None and hasattr(view, "output"))
+    placed = getattr(view, "program_streams", None)
+    streams: list[tuple[str, Callable[[bytes], None] | None]] = placed() if placed else [("output", None)]
+    drawn = {name for name, copy in streams if copy is None and hasattr(view, "output")}  # on_line's
     output_file = open(run.path / OUTPUT, "ab", buffering=0)
     proc: subprocess.Popen[bytes] | None = None
     tree: Tree | None = None

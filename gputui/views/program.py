@@ -58,6 +58,7 @@ class ProgramView:
         self._printed = 0.0
         self._lock = threading.Lock()  # two pumps and the runner call in
         self.stdout: Any = None  # gputui's own stdout, once the live display has taken sys.stdout
+        self._stdout_drawn = False  # gputui's stdout is the terminal the live display draws on
 
     # -- what the runner gives ------------------------------------------------------------
     def program_streams(self) -> list[tuple[str, Callable[[bytes], None] | None]]:
@@ -67,7 +68,7 @@ class ProgramView:
         file, a pipe: `> out.txt` gets the program's stdout whole), or None where this terminal
         view draws it, line by line above the status line."""
         out, err = self._stdout(), self.console.file
-        together = self._together()
+        together = _same_place(out, err)
         if self.live is None:
             if together:
                 return [("output", _Copy(out))]
@@ -80,17 +81,13 @@ class ProgramView:
         """gputui's stdout (not the live display's stand-in for it, which prints on the terminal)."""
         return self.stdout if self.stdout is not None else sys.stdout
 
-    def _together(self) -> bool:
-        """Whether gputui's stdout is where this view draws."""
-        return _same_place(self._stdout(), self.console.file)
-
     def output(self, line: str, stream: str, end: str = "\n") -> None:
         """A line of the program's (`end` "\n"), a progress bar's redraw ("\r"), or what shows of
         a line not yet ended (""). On a terminal a bar stays one line, just above the status line,
         redrawn in place; off a terminal a redraw passes through as it came (text, then "\r"),
         and so does a stdout line when gputui's stdout is not that terminal (a cluster's rank 0
         under `> out.txt`: its node gives stdout and stderr as one stream)."""
-        if self.live is not None and (stream != "stdout" or self._together()):
+        if self.live is not None and (stream != "stdout" or self._stdout_drawn):
             if end != "\n":
                 text = clean(line.replace("\t", "    "))
                 self.progress = (stream, text) if text.strip() else None
@@ -127,10 +124,14 @@ class ProgramView:
             self.elapsed = elapsed
             if not event.get("resumed"):  # a resumed run's clock goes on from where it was: its first report says
                 self._elapsed_at = time.monotonic()
-            if self.console.is_terminal and not _pipe_beside(sys.stdout, self.console.file):
+            together = _same_place(sys.stdout, self.console.file)
+            # Not beside a pipe (`| tee log`): what reads it may print on this terminal, where the
+            # live status line would erase its lines at each redraw; the view prints as off one.
+            if self.console.is_terminal and (together or not _a_pipe(sys.stdout)):
                 from rich.live import Live
 
                 self.stdout = sys.stdout  # the live display puts a stand-in of its own there
+                self._stdout_drawn = together
                 self.live = Live(self._status(), console=self.console, auto_refresh=False, transient=True)
                 self.live.start()
         elif kind == "metrics":
@@ -247,14 +248,12 @@ def _same_place(one: Any, other: Any) -> bool:
         return True
 
 
-def _pipe_beside(out: Any, terminal: Any) -> bool:
-    """Whether gputui's stdout is a pipe (or a socket) apart from the terminal the view draws on:
-    what reads it (`| tee log`, `| grep`) may print on that terminal, where a live status line
-    would erase its lines at each redraw. The view then prints as it does off a terminal."""
+def _a_pipe(out: Any) -> bool:
+    """Whether a text stream writes to a pipe or a socket (`| tee log`, `| grep`)."""
     import os
     import stat
 
-    if out is None or _same_place(out, terminal):
+    if out is None:
         return False
     try:
         mode = os.fstat(out.fileno()).st_mode
