@@ -419,7 +419,7 @@ def test_a_program_that_only_prints_a_progress_bar_on_a_node_gives_metrics_and_a
     assert "\rtrain 2999/3000 loss=0.000333 " + "#" * 20 + "\nval_acc=0.97\n" in log
 
 
-QUICK = "from gputui import report\nreport.log(step=1, ok=1.0)\nprint('quick ran', flush=True)\n"
+QUICK = "from gputui import report\nreport.log(step=1, ok=1.0)\nprint('quick ran', report.trial(), flush=True)\n"
 
 
 def test_the_code_goes_once_only_what_changed_and_setup_runs_again_when_its_files_change(
@@ -435,7 +435,8 @@ def test_the_code_goes_once_only_what_changed_and_setup_runs_again_when_its_file
     count = tmp_path / "setup-count"  # the loopback node shares this file system: the setup's runs are counted here
     profile = cluster_profile(tmp_path / "cluster.toml", [node], cluster_nodes.user_key,
                               {"command": ["python", "quick.py"], "workdir": str(code), "env": ENV,
-                               "sync_exclude": ["*.tmp"], "setup": f"echo ran >> {count}"},
+                               "sync_exclude": ["*.tmp"], "setup": f"echo ran >> {count}",
+                               "trial": Raw('{tag = "on a node"}')},
                               master_trains=False)
 
     def run(name: str) -> str:
@@ -444,7 +445,7 @@ def test_the_code_goes_once_only_what_changed_and_setup_runs_again_when_its_file
             assert finish(child, RUN_S, f"the run {name}", run_dir) == 0, child.stderr + node_logs(run_dir)
         said = [e["message"] for e in child.events if e["event"] == "node" and e.get("kind") == "code"]
         assert len(said) == 1, story(child.events)
-        assert "quick ran" in (run_dir / "nodes" / "n0" / "output.log").read_text()
+        assert "quick ran {'tag': 'on a node'}" in (run_dir / "nodes" / "n0" / "output.log").read_text()  # [run] trial
         return said[0]
 
     first = run("first")

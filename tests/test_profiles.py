@@ -49,6 +49,15 @@ def test_default_profile_is_the_seed_network_on_auto() -> None:
         ("[clouds]\nregion = \"x\"\n", r"p.toml:1: clouds: unknown table or key, did you mean `cloud`\? \(a profile"),
         ("run = 3\n", r"\[run\] must be a table"),
         ("[run\nmodel=1", r"p.toml: not valid TOML"),
+        # a program's profile: a built-in net's key would do nothing, so it is refused where it is set
+        ('[run]\ncommand = ["python", "t.py"]\n\nepochs = 3\n',
+         r"p.toml:4: \[run\] epochs: a setting of the built-in nets, and this profile runs your own program "
+         r"\(\[run\] command\): give the program its settings in `command` \(or `trial`\), and remove `epochs`"),
+        ('[run]\nlr = 0.1\ncommand = ["python", "t.py"]\n', r"p.toml:2: \[run\] lr: a setting of the built-in nets"),
+        ('[run]\ncommand = ["t"]\ntrial = {a = [1]}\n',
+         r"p.toml:3: \[run\] trial: expected a table of numbers, strings or booleans \(name = value\), got"),
+        ('[run]\ncommand = ["t"]\ntrial = {a = nan}\n', r"p.toml:3: \[run\] trial: expected a table of numbers"),
+        ('[run]\ncommand = ["t"]\ntrial = "lr=1"\n', r"p.toml:3: \[run\] trial: expected a table of numbers"),
     ],
 )
 def test_bad_profiles(tmp_path: Path, text: str, message: str) -> None:
@@ -97,3 +106,15 @@ def test_a_runs_objective_may_say_its_direction() -> None:
         parse_profile(command + 'objective = "max val_acc"\ndirection = "minimize"\n').run.resolve()
     with pytest.raises(UserError, match=r":3: \[run\] objective: expected the name of a metric"):
         parse_profile(command + 'objective = "val acc"\n', Path("p.toml"))
+
+
+def test_a_programs_trial_and_a_nets_key_in_a_profile_gputui_wrote() -> None:
+    """[run] trial keeps its values' types; a resolved profile gputui wrote before it left a
+    program's net keys out (they were all written) still loads, so old runs resume."""
+    cfg = parse_profile('[run]\ncommand = ["t"]\ntrial = {lr = 0.01, n = 3, act = "gelu", deep = false}\n').run
+    assert cfg.resolve().trial == (("act", "gelu"), ("deep", False), ("lr", 0.01), ("n", 3))
+    old = ('# Resolved profile of this run (written by gputui; used by --resume).\n[run]\nmodel = "seed"\n'
+           'epochs = 12\nlr = 0.02\ncommand = ["python", "t.py"]\n')
+    assert parse_profile(old, Path("profile.toml")).run.resolve().command == ("python", "t.py")
+    # a net's profile may hold a program's keys (the default profile, under `gputui run -- PROGRAM`)
+    assert parse_profile('[run]\nepochs = 3\nstop_grace_s = 5\n').run.resolve().stop_grace_s == 5

@@ -133,6 +133,21 @@ def test_the_program_sees_gputuis_environment(tmp_path: Path) -> None:
                     "CUDA_VISIBLE_DEVICES": "", "MINE": "yes"}
 
 
+def test_run_trial_fills_the_command_and_report_trial_and_a_resume_keeps_both(tmp_path: Path) -> None:
+    """A profile's [run] trial (what `gputui sweep show --run` writes): {name} in the command and
+    report.trial(), on the first run and on its resume alike."""
+    (tmp_path / "show.py").write_text("import sys\nfrom gputui import report\nprint(sys.argv[1:], report.trial())\n")
+    (tmp_path / "p.toml").write_text('[run]\ncommand = ["python", "show.py", "--lr", "{lr}", "{act}"]\n'
+                                     'device = "cpu"\ntrial = {lr = 0.005, act = "gelu", deep = true}\n')
+    expected = "['--lr', '0.005', 'gelu'] {'act': 'gelu', 'deep': True, 'lr': 0.005}"
+    for times, args in enumerate((["--profile", "p.toml", "--run-dir", str(tmp_path / "run")],
+                                  ["--resume", str(tmp_path / "run")]), start=1):
+        done = subprocess.run(argv("run", "--json", *args), cwd=tmp_path, env=cli_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "run" / "output.log").read_text().splitlines() == [expected] * times, args
+
+
 def test_a_non_zero_exit_is_one_line_and_exit_1(tmp_path: Path) -> None:
     with start(tmp_path, "short", env={"EXIT_WITH": "3"}) as child:
         code = child.finish(120)

@@ -15,18 +15,20 @@ import pytest
 from gputui import cli
 from gputui.config.sweep import Param
 from gputui.model.errors import UserError
+from tests.conftest import json_lines, run_cli
 from tests.proc_support import Child
 
 WAIT = 240  # s: a whole sweep of tiny program trials on a slow, busy 2-core machine
 
-# Reads its lr from argv (the `{lr}` of the command), checks report.trial() gives the same, and
-# reports val_acc from lr alone (best at lr = 1e-2): a peak at step 0 (the first report is a metrics
-# event at once), then lower, ending on the value the trial is rated by (the last, not the best).
+# Reads its lr from argv (the `{lr}` of the command), checks report.trial() gives the same (with the
+# fixed `tag` of the profile's [run] trial), and reports val_acc from lr alone (best at lr = 1e-2): a
+# peak at step 0 (the first report is a metrics event at once), then lower, ending on the value the
+# trial is rated by (the last, not the best).
 PROGRAM = '''\
 import math, os, sys
 from gputui import report
 lr = float(sys.argv[sys.argv.index("--lr") + 1])
-if report.trial().get("lr") != lr:
+if report.trial() != {"lr": lr, "tag": "fixed"}:  # and the profile's [run] trial under the study's choice
     sys.exit(f"report.trial() is {report.trial()}, argv says lr = {lr!r}")
 print(f"lr={lr!r} pid={os.getpid()}", flush=True)
 value = 1 - abs(math.log10(lr) + 2) / 10
@@ -93,7 +95,8 @@ def test_a_4_trial_sweep_over_2_cpu_workers_puts_lr_in_the_command_and_rates_tri
     from optuna.trial import TrialState
 
     write(tmp_path, "train.py", PROGRAM)
-    profile = write(tmp_path, "s.toml", '[run]\ncommand = ["python", "train.py", "--lr", "{lr}"]\ndevice = "cpu"\n\n'
+    profile = write(tmp_path, "s.toml", '[run]\ncommand = ["python", "train.py", "--lr", "{lr}"]\ndevice = "cpu"\n'
+                    'trial = {tag = "fixed", lr = 1.0}\n\n'
                     '[sweep]\ntrials = 4\nworkers = 2\nthreads = 1\nobjective = "val_acc"\ndirection = "maximize"\n'
                     'pruner = "none"\n\n[sweep.params]\nlr = {low = 1e-4, high = 1e-1, log = true}\n')
     with Child([sys.executable, "-m", "gputui", "sweep", "--json", str(profile)], name="gputui sweep") as child:
@@ -127,8 +130,13 @@ def test_a_4_trial_sweep_over_2_cpu_workers_puts_lr_in_the_command_and_rates_tri
     assert cli.main(["sweep", "show", "s", "--run", str(best)]) == 0
     from gputui.config.profile import load_profile
 
-    command = load_profile(best).run.command
-    assert command == ("python", "train.py", "--lr", repr(shown["best"]["params"]["lr"]))
+    again = load_profile(best).run
+    assert again.command == ("python", "train.py", "--lr", repr(shown["best"]["params"]["lr"]))
+    assert again.trial == (("lr", shown["best"]["params"]["lr"]), ("tag", "fixed")) and again.objective == "val_acc"
+    # trained again, the program gets the best trial's lr in argv and in report.trial() (it exits 1 otherwise)
+    done = run_cli("run", "--json", "--profile", str(best))
+    assert done.returncode == 0, done.stderr
+    assert json_lines(done.stdout)[-1]["event"] == "done"
 
 
 def test_a_program_trial_reporting_a_poor_value_is_pruned_sees_should_stop_and_ends_interrupted(

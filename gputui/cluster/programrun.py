@@ -271,7 +271,7 @@ class ProgramAttempts(Attempts):
             folder = ctx.run.path / "nodes" / node.name
             folder.mkdir(parents=True, exist_ok=True)
             node.log = open(folder / OUTPUT, "a", encoding="utf-8")
-        settings = settings_text(dict(cfg.env), resume, {})
+        settings = settings_text(dict(cfg.env), resume, dict(cfg.trial))
         workdir = Path(cfg.workdir or ".").expanduser().resolve()
         if node.kind == "master":
             run_dir = ctx.run.path / MASTER_DIR

@@ -21,7 +21,7 @@ from gputui.config.cloud import CLOUD_SECTION, CloudSettings
 from gputui.config.cluster import CLUSTER_SECTION, ClusterSettings
 from gputui.config.free import FREE_SECTION, FreeRule
 from gputui.config.hosts import HOSTS_SECTION, HostSpec
-from gputui.config.run import RUN_SECTION, RunConfig, RunSettings, directed
+from gputui.config.run import RUN_SECTION, RunConfig, RunSettings, directed, only_for, written_by_gputui
 from gputui.config.schema import Section, Source, did_you_mean
 from gputui.config.sweep import SWEEP_SECTION, SweepSpec
 from gputui.config.ui import UI_SECTION, UiSettings
@@ -69,6 +69,12 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
                                            f"(a profile has {known})")
     tables = {name: PROFILE_SECTIONS[name].validate_any(value, source) for name, value in doc.items() if name != "run"}
     run = RUN_SECTION.validate(doc.get("run", {}), source)
+    if run.get("command") and not written_by_gputui(text):  # a net's key would do nothing: said, never ignored
+        stray = next((name for name in run if name in only_for("net")), None)
+        if stray is not None:
+            raise source.error("run", stray, "a setting of the built-in nets, and this profile runs your own program "
+                                             "([run] command): give the program its settings in `command` (or "
+                                             f"`trial`), and remove `{stray}`")
     metric, says = directed(run.get("objective") or "")
     if says is not None:  # "max val_acc": kept as the metric and its direction, which every reader takes
         if run.get("direction", says) != says:

@@ -69,7 +69,7 @@ class RunConfig:
     """A fully resolved run: what the trainer uses and what the run directory records."""
 
     model: str = key("str", "Network to train (its recipe gives the defaults).", "seed", attr=REQUIRED,
-                     choices=MODEL_NAMES)
+                     choices=MODEL_NAMES, only="net")
     device: str = key("str", "auto (CUDA, then MPS, then CPU), cpu, mps, cuda or cuda:N.", "auto", attr=REQUIRED,
                       check=_check_device)
     strategy: str = key("str", "single, dataparallel (all or `gpus`) or ddp (torchrun).", "single", attr=REQUIRED,
@@ -78,64 +78,72 @@ class RunConfig:
                             minimum=1, maximum=1024)
     gpus: tuple[int, ...] | None = key("int_list", "dataparallel/ddp: GPU indices to use (default: all visible).",
                                        None, attr=REQUIRED, minimum=0)
-    epochs: int = key("int", "Epochs to train (the run's target).", None, attr=REQUIRED, minimum=1, maximum=100000)
+    epochs: int = key("int", "Epochs to train (the run's target).", None, attr=REQUIRED, minimum=1, maximum=100000,
+                      only="net")
     batch_size: int = key("int", "Global batch size (split across ddp processes).", None, attr=REQUIRED, minimum=1,
-                          maximum=1 << 20)
+                          maximum=1 << 20, only="net")
     lr: float = key("float", "Peak learning rate.", None, attr=REQUIRED, minimum=0, exclusive_minimum=True,
-                    maximum=100)
-    optimizer: str = key("str", "sgd or adam.", None, attr=REQUIRED, choices=("sgd", "adam"))
-    momentum: float = key("float", "SGD momentum.", None, attr=REQUIRED, minimum=0, maximum=1, exclusive_maximum=True)
+                    maximum=100, only="net")
+    optimizer: str = key("str", "sgd or adam.", None, attr=REQUIRED, choices=("sgd", "adam"), only="net")
+    momentum: float = key("float", "SGD momentum.", None, attr=REQUIRED, minimum=0, maximum=1, exclusive_maximum=True,
+                          only="net")
     betas: tuple[float, float] = key("float_pair", "Adam betas [b1, b2].", None, attr=REQUIRED, minimum=0, maximum=1,
-                                     exclusive_maximum=True)
-    weight_decay: float = key("float", "L2 weight decay.", None, attr=REQUIRED, minimum=0, maximum=1)
+                                     exclusive_maximum=True, only="net")
+    weight_decay: float = key("float", "L2 weight decay.", None, attr=REQUIRED, minimum=0, maximum=1, only="net")
     l1: float = key("float", "Coefficient of the L1 penalty on the weights (0 turns it off).", None, attr=REQUIRED,
-                    minimum=0, maximum=1)
-    schedule: str = key("str", "Learning-rate schedule.", None, attr=REQUIRED, choices=("onecycle", "cosine", "constant"))
+                    minimum=0, maximum=1, only="net")
+    schedule: str = key("str", "Learning-rate schedule.", None, attr=REQUIRED,
+                        choices=("onecycle", "cosine", "constant"), only="net")
     warmup: float = key("float", "onecycle: fraction of the steps spent rising to the peak.", None, attr=REQUIRED,
-                        minimum=0, maximum=1, exclusive_maximum=True)
+                        minimum=0, maximum=1, exclusive_maximum=True, only="net")
     evals_per_epoch: int = key("int", "Test evaluations per epoch (the last one closes the epoch).", None,
-                               attr=REQUIRED, minimum=1, maximum=1000)
+                               attr=REQUIRED, minimum=1, maximum=1000, only="net")
     seed: int = key("int", "Random seed: same seed, same run (0 to 2**32-1).", 0, attr=REQUIRED, minimum=0,
-                    maximum=2**32 - 1)
+                    maximum=2**32 - 1, only="net")
     data: str | None = key("str", "Directory holding the four MNIST-format IDX files (default: bundled MNIST).", None,
-                           attr=REQUIRED)
+                           attr=REQUIRED, only="net")
     threads: int | None = key("int", "CPU threads for torch (default: torch's choice).", None, attr=REQUIRED,
                               minimum=1, maximum=1024)
     cuda_graph: bool = key("bool", "single on CUDA: capture each training step as one CUDA graph (false: eager).",
-                           True)
+                           True, only="net")
     checkpoint_every_s: float = key("float", "Seconds between epoch-end checkpoints (0: every epoch); a run always "
                                     "checkpoints on stop, on a spot notice and at its end.", 5.0, minimum=0,
-                                    maximum=86400)
+                                    maximum=86400, only="net")
 
     # Your own program (docs/program.md): a run whose `command` is set runs it instead of a built-in net.
     command: tuple[str, ...] = key("str_list", "Your own program and its arguments, e.g. [\"python\", \"train.py\", "
                                    "\"--lr\", \"{lr}\"] ({name}: a [sweep] parameter); empty: the built-in `model`.",
-                                   (), check=_check_command)
+                                   (), check=_check_command, only="program")
     workdir: str | None = key("str", "The program's working directory (default: the profile's directory; the "
-                              "current one for `gputui run -- PROGRAM`).", None)
-    env: tuple[tuple[str, str], ...] = key("str_table", "Extra environment variables for the program.", ())
+                              "current one for `gputui run -- PROGRAM`).", None, only="program")
+    env: tuple[tuple[str, str], ...] = key("str_table", "Extra environment variables for the program.", (),
+                                           only="program")
     metrics_regex: tuple[str, ...] = key("str_list", "Regular expressions whose named groups turn the program's "
                                          "output lines into metrics, e.g. \"Loss: (?P<loss>[0-9.]+)\".", (),
-                                         check=_check_regexes)
+                                         check=_check_regexes, only="program")
     stop_grace_s: float = key("float", "Seconds a stopped program has to save and exit before SIGKILL.", 30.0,
-                              minimum=0, maximum=3600)
+                              minimum=0, maximum=3600, only="program")
     # ... on a cluster's nodes and spot slaves (docs/program.md#on-ssh-hosts-and-spot-slaves)
     sync_exclude: tuple[str, ...] = key("str_list", "Glob patterns of workdir files not sent to the nodes (besides "
-                                        "what .gitignore leaves out in a git work tree).", ())
+                                        "what .gitignore leaves out in a git work tree).", (), only="program")
     sync_max_mb: float = key("float", "The most of workdir sent to a node, in MB: over it the run is refused, naming "
-                             "the largest files.", 200.0, minimum=0, exclusive_minimum=True, maximum=1 << 20)
+                             "the largest files.", 200.0, minimum=0, exclusive_minimum=True, maximum=1 << 20,
+                             only="program")
     setup: str | None = key("str", "A shell command run once per node in its gputui venv, e.g. \"pip install -r "
-                            "requirements.txt\" (again when `setup_files` change).", None)
+                            "requirements.txt\" (again when `setup_files` change).", None, only="program")
     setup_files: tuple[str, ...] = key("str_list", "Files of workdir whose change runs `setup` again.",
-                                       ("requirements.txt", "pyproject.toml"))
+                                       ("requirements.txt", "pyproject.toml"), only="program")
     checkpoint_pull_s: float = key("float", "Seconds between pulls of rank 0's checkpoint directory to the master "
                                    "(also at each report.log(checkpoint=True) and on stop).", 60.0, minimum=1,
-                                   maximum=86400)
+                                   maximum=86400, only="program")
     objective: str | None = key("str", "A reported metric that rates the run (its last and best are listed), e.g. "
                                 "\"val_acc\", or with its direction, \"max val_acc\" / \"min loss\".", None,
-                                check=_check_objective)
+                                check=_check_objective, only="program")
     direction: str = key("str", "Whether the objective is better high (maximize) or low (minimize).", "maximize",
-                         choices=("maximize", "minimize"))
+                         choices=("maximize", "minimize"), only="program")
+    trial: tuple[tuple[str, Any], ...] = key(
+        "value_table", "A sweep trial's parameters: they fill {name} in `command` and reach the program as "
+        "report.trial() (GPUTUI_TRIAL), e.g. {lr = 0.01}; `gputui sweep show --run` writes them.", (), only="program")
 
     @property
     def is_program(self) -> bool:
@@ -148,7 +156,9 @@ class RunConfig:
         Written by tomli-w, so any string (quotes, backslashes, control and non-BMP characters
         such as an emoji in a `data` path) survives the round trip; None values are left out.
         """
-        return _TOML_HEADER + _dump_toml({"run": {f.name: getattr(self, f.name) for f in fields(self)}})
+        aside = "net" if self.is_program else "program"  # a program's profile holds no net keys, and the reverse
+        return _TOML_HEADER + _dump_toml({"run": {f.name: getattr(self, f.name) for f in fields(self)
+                                                  if RUN_SECTION.fields[f.name].only != aside}})
 
     def settings(self) -> RunSettings:
         """These values as (fully set) settings, to merge flags on top of."""
@@ -159,6 +169,17 @@ RUN_SECTION = section_of(
     RunConfig, "run", "How to train: the model, where, how, and the hyper-parameters that override the model's.")
 
 _TOML_HEADER = "# Resolved profile of this run (written by gputui; used by --resume).\n"
+
+
+def only_for(kind: str) -> tuple[str, ...]:
+    """The [run] keys that concern one kind of run alone, "net" (the built-in nets) or "program"."""
+    return tuple(name for name, spec in RUN_SECTION.fields.items() if spec.only == kind)
+
+
+def written_by_gputui(text: str) -> bool:
+    """A resolved profile gputui wrote (a run's profile.toml, `sweep show --run`), of this version or
+    an older one: those wrote every key, a program's net keys too."""
+    return _TOML_HEADER in text
 
 
 def uneven_batch(batch_size: int, world: int) -> str | None:

@@ -33,7 +33,9 @@ class Field:
     """One key of a TOML table.
 
     kind is one of: "int", "float", "str", "bool", "int_list", "float_pair", "str_list",
-    "str_table" (a table of strings, kept as sorted (name, value) pairs: a frozen value).
+    "str_table" (a table of strings, kept as sorted (name, value) pairs: a frozen value),
+    "value_table" (the same, of numbers, strings and booleans). `only`, in the [run] table: the
+    kind of run the key concerns, "net" (the built-in nets) or "program" (your own); None: both.
     """
 
     kind: str
@@ -45,6 +47,7 @@ class Field:
     exclusive_minimum: bool = False
     exclusive_maximum: bool = False
     check: Callable[[Any], str | None] | None = None
+    only: str | None = None
 
     def expected(self) -> str:
         """A short phrase describing an acceptable value."""
@@ -57,6 +60,7 @@ class Field:
             "float_pair": "a list of two numbers",
             "str_list": "a list of strings",
             "str_table": "a table of strings (name = \"value\")",
+            "value_table": "a table of numbers, strings or booleans (name = value)",
         }[self.kind]
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
@@ -107,6 +111,12 @@ class Field:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise ValueError(self.expected())
             value = tuple(sorted(value.items()))
+        elif kind == "value_table":
+            if isinstance(value, tuple):  # already coerced
+                value = dict(value)
+            if not isinstance(value, dict) or not all(_plain(v) for v in value.values()):
+                raise ValueError(self.expected())
+            value = tuple(sorted(value.items()))
         elif kind == "float_pair":
             if (
                 not isinstance(value, list)
@@ -131,6 +141,11 @@ class Field:
             raise ValueError(self.expected())
         if hi is not None and (value > hi or (self.exclusive_maximum and value == hi)):
             raise ValueError(self.expected())
+
+
+def _plain(value: Any) -> bool:
+    """A string, a boolean, a whole number or a finite number (what JSON and a command word hold)."""
+    return isinstance(value, (str, bool, int)) or (isinstance(value, float) and number(value) is not None)
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:
@@ -225,12 +240,13 @@ _SAME: Any = object()
 
 def key(kind: str, doc: str, default: Any = None, *, attr: Any = _SAME, choices: tuple[str, ...] | None = None,
         minimum: float | None = None, maximum: float | None = None, exclusive_minimum: bool = False,
-        exclusive_maximum: bool = False, check: Callable[[Any], str | None] | None = None) -> Any:
+        exclusive_maximum: bool = False, check: Callable[[Any], str | None] | None = None,
+        only: str | None = None) -> Any:
     """A dataclass field that is also a profile key: its schema `Field` (kind, doc, documented
     default, bounds, check) in the metadata, and `default` as the attribute's default unless
     `attr` says otherwise (None for "not set", or REQUIRED for an attribute the caller resolves)."""
     spec = Field(kind, doc, default, choices=choices, minimum=minimum, maximum=maximum,
-                 exclusive_minimum=exclusive_minimum, exclusive_maximum=exclusive_maximum, check=check)
+                 exclusive_minimum=exclusive_minimum, exclusive_maximum=exclusive_maximum, check=check, only=only)
     attr_default = default if attr is _SAME else attr
     return dataclasses.field(default=attr_default, metadata={SCHEMA: spec})
 

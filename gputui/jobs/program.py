@@ -427,7 +427,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                                rule=gpu_choice.free_rule_of(run.profile))  # the profile's [free], kept in the run's copy
     if ddp and not nproc:
         nproc = len(choice.visible) if choice.visible else 2
-    env = program_env(os.environ, run, dict(cfg.env), resume, trial or {})
+    env = program_env(os.environ, run, dict(cfg.env), resume, {**dict(cfg.trial), **(trial or {})})
     env.update(choice.env())
     find_program(command[0], workdir, env.get("PATH", ""))
     threads_info: dict[str, Any] = {}

@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,13 +21,11 @@ from gputui.views.progress import View
 from gputui.model.errors import GputuiError, UserError
 from gputui.runs.history import completed_epochs
 from gputui.model.paths import profiles_dir, runs_home
-from gputui.config.run import RunConfig, RunSettings
+from gputui.config.run import RunConfig, RunSettings, only_for
 from gputui.config.profile import load_profile
 from gputui.model.units import plural
 from gputui.model.supervisor import StopFlag, stop_on_signals
 
-# Settings of the built-in nets alone: a program has its own flags (after --).
-NET_ONLY = ("model", "epochs", "batch_size", "lr", "evals_per_epoch", "cuda_graph", "data", "seed")
 # Settings a resumed run may change; the others would break the checkpoint or its schedule.
 RESUMABLE = {"epochs", "device", "strategy", "nproc", "gpus", "threads", "evals_per_epoch", "cuda_graph"}
 
@@ -90,10 +88,12 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
     if req.program is not None:
         if not req.program:
             raise UserError("nothing after --: give the program to run, e.g. gputui run -- python train.py")
-        from dataclasses import replace
-
         overrides = replace(overrides, command=tuple(req.program), workdir=str(Path.cwd()))
     cfg = base.merged(overrides).resolve()
+    if cfg.is_program and cfg.trial:  # [run] trial fills {name} in the command, as a sweep's trial does
+        from gputui.jobs.program import substitute
+
+        cfg = replace(cfg, command=tuple(substitute(cfg.command, dict(cfg.trial))))
     check(cfg, req.overrides)
     cluster = _check_cluster(profile_path)
     if cluster is not None and cfg.is_program:  # the code that goes to every node fits, before anything starts
@@ -169,7 +169,7 @@ def check(cfg: RunConfig, flags: RunSettings | None = None) -> None:
         if cfg.strategy == "dataparallel":
             raise UserError("strategy dataparallel is for the built-in nets: your program decides how it uses its "
                             "GPUs (use --strategy ddp for torchrun, or single)")
-        given = [name for name in NET_ONLY if flags is not None and getattr(flags, name) is not None]
+        given = [name for name in only_for("net") if flags is not None and getattr(flags, name) is not None]
         if given:
             names = ", ".join("--" + name.replace("_", "-") for name in given)
             raise UserError(f"{names}: a setting of the built-in nets; pass your program's own flags after --")

@@ -114,9 +114,11 @@ class ProgramWorker(protocol.CurrentTrial):
             # the run rates itself as the sweep does (`gputui runs` shows its last and best objective)
             said = message.get("direction")
             direction = said if isinstance(said, str) and said in ("maximize", "minimize") else cfg.direction
+            params = {**dict(cfg.trial), **params}  # the profile's [run] trial, under what the study chose
             cfg = replace(cfg, command=tuple(self.runs.substitute(cfg.command, params)), device=self.device,
                           strategy="single", gpus=None, nproc=None, threads=self.threads or cfg.threads,
-                          objective=objective or cfg.objective, direction=direction)
+                          objective=objective or cfg.objective, direction=direction,
+                          trial=tuple(sorted(params.items())))  # its profile.toml runs this trial again
             run = runs.RunDir(Path(str(message.get("run_dir"))))
             run.path.mkdir(parents=True, exist_ok=True)
             resume = bool(message.get("resume")) and self.runs.wrote_checkpoint(run.path / self.runs.CHECKPOINTS)

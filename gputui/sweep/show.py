@@ -124,10 +124,11 @@ def write_best_profile(name: str, target: Path | None,
     text = (f"# The best trial ({winner.number}) of sweep {name}: {spec.objective_text} = {winner.value!r}.\n"
             f"# Train it again with: gputui run --profile {path}\n")
     if spec.of_program:
-        params = dict(winner.params)
         cfg = profile.run.resolve()
-        cfg = replace(cfg, command=tuple(substitute(cfg.command, params) if substitute else cfg.command))
-        text += ("# Its parameters (report.trial() is {} outside a sweep): "
+        params = {**dict(cfg.trial), **dict(winner.params)}
+        cfg = replace(cfg, command=tuple(substitute(cfg.command, params) if substitute else cfg.command),
+                      trial=tuple(sorted(params.items())), objective=spec.metric, direction=spec.direction)
+        text += ("# Its parameters, in its command and in [run] trial (report.trial()): "
                  + json.dumps(params, sort_keys=True) + "\n")
     else:
         cfg = profile.run.merged(RunSettings(**dict(winner.params))).resolve()
