@@ -58,6 +58,8 @@ def test_default_profile_is_the_seed_network_on_auto() -> None:
          r"p.toml:3: \[run\] trial: expected a table of numbers, strings or booleans \(name = value\), got"),
         ('[run]\ncommand = ["t"]\ntrial = {a = nan}\n', r"p.toml:3: \[run\] trial: expected a table of numbers"),
         ('[run]\ncommand = ["t"]\ntrial = "lr=1"\n', r"p.toml:3: \[run\] trial: expected a table of numbers"),
+        ('[run]\ncommand = ["t"]\ntrial = {"a b" = 1}\n',
+         r"p.toml:3: \[run\] trial: expected parameter names of letters, digits and '_' \('a b' is not one"),
     ],
 )
 def test_bad_profiles(tmp_path: Path, text: str, message: str) -> None:

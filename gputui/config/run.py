@@ -22,6 +22,8 @@ STRATEGIES = ("single", "dataparallel", "ddp")
 
 # A metric's name, in a program's reports, a metrics_regex group, an objective: the one pattern.
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
+# A parameter of a program's trial ([sweep.params], [run] trial): `{name}` in [run] command, a key of report.trial().
+PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 def directed(value: str) -> tuple[str, str | None]:
@@ -50,6 +52,13 @@ def _check_regexes(value: Any) -> str | None:
         if not pattern.groupindex:
             return f"regular expressions with named groups, e.g. (?P<loss>[0-9.]+); {text!r} has none"
     return None
+
+
+def _check_trial(value: Any) -> str | None:
+    bad = next((name for name, _ in value if not PARAM_RE.match(name)), None)
+    if bad is None:
+        return None
+    return f"parameter names of letters, digits and '_' ({bad!r} is not one: a parameter is written {{name}} in command)"
 
 
 def _check_command(value: Any) -> str | None:
@@ -143,7 +152,8 @@ class RunConfig:
                          choices=("maximize", "minimize"), only="program")
     trial: tuple[tuple[str, Any], ...] = key(
         "value_table", "A sweep trial's parameters: they fill {name} in `command` and reach the program as "
-        "report.trial() (GPUTUI_TRIAL), e.g. {lr = 0.01}; `gputui sweep show --run` writes them.", (), only="program")
+        "report.trial() (GPUTUI_TRIAL), e.g. {lr = 0.01}; `gputui sweep show --run` writes them.", (),
+        check=_check_trial, only="program")
 
     @property
     def is_program(self) -> bool:

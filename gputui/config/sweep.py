@@ -16,14 +16,12 @@ from dataclasses import field as attribute
 from typing import Any, Mapping
 
 from gputui.config.recipes import MODEL_NAMES
-from gputui.config.run import METRIC_NAME, directed
+from gputui.config.run import METRIC_NAME, PARAM_RE, directed
 from gputui.config.schema import REQUIRED, SCHEMA, SCHEMA_KEYS, Field, key, section_of
 
 OBJECTIVES = ("max test_accuracy", "min time_to_accuracy")
 DIRECTIONS = ("maximize", "minimize")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# A parameter of a program's sweep: `{name}` in [run] command, a key of report.trial().
-PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # The run keys the space may cover, and how each is searched.
 SPACE_KEYS: dict[str, str] = {"lr": "log", "l1": "uniform", "batch_size": "choice", "epochs": "choice",
                               "model": "choice", "seed": "choice"}
