@@ -675,3 +675,27 @@ def test_on_a_terminal_a_clusters_stdout_lines_go_to_stdout_when_it_is_not_that_
     assert (tmp_path / "out.txt").read_bytes() == b"train 1/2\rval_acc=0.97\n"
     drawn = (tmp_path / "screen").read_text()
     assert "val_acc" not in drawn and "a warning of gputui's own stream" in drawn
+
+
+def test_a_sweep_profile_run_alone_needs_a_value_for_each_parameter_in_its_command(tmp_path: Path,
+                                                                                  gputui_home: Path) -> None:
+    """`gputui run --profile SWEEP.toml`: a {name} of [sweep.params] that [run] trial does not give
+    is one line before anything starts (the program got "{lr}" as its lr); given, it is filled."""
+    import re
+
+    from gputui.config.run import RunSettings
+    from gputui.jobs.run import RunRequest, prepare
+
+    profile = tmp_path / "s.toml"
+    text = ('[run]\ncommand = ["python", "t.py", "--lr", "{lr}", "{act}"]\ntrial = {act = "gelu"}\n\n'
+            '[sweep]\nobjective = "val_acc"\n\n[sweep.params]\nlr = {low = 1e-4, high = 1e-1, log = true}\n'
+            'act = ["relu", "gelu"]\n')
+    profile.write_text(text)
+    with pytest.raises(UserError, match=re.escape(
+            f"{profile}: [run] command has {{lr}}, a [sweep.params] parameter with no value outside a sweep: run it "
+            f"with `gputui sweep {profile}`, or give it one in [run] trial, e.g. trial = {{lr = 0.0001}}")):
+        prepare(RunRequest(profile, RunSettings(), run_dir=tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    profile.write_text(text.replace('trial = {act = "gelu"}', 'trial = {act = "gelu", lr = 0.01}'))
+    _run, cfg, resumed = prepare(RunRequest(profile, RunSettings(), run_dir=tmp_path / "run"))
+    assert cfg.command == ("python", "t.py", "--lr", "0.01", "gelu") and not resumed

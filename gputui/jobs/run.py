@@ -7,6 +7,7 @@ torchrun (`ddp`), handing every event to the run's events.jsonl and to a view.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -83,7 +84,8 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         run.profile.write_text(cfg.to_toml() + free_table(run.profile), encoding="utf-8")  # --device auto's [free]
         return run, cfg, True
     profile_path = req.profile if req.profile is not None else default_profile()
-    base = load_profile(profile_path).run if profile_path is not None else RunSettings()
+    profile = load_profile(profile_path) if profile_path is not None else None
+    base = profile.run if profile is not None else RunSettings()
     overrides = req.overrides
     if req.program is not None:
         if not req.program:
@@ -94,6 +96,8 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         from gputui.jobs.program import substitute
 
         cfg = replace(cfg, command=tuple(substitute(cfg.command, dict(cfg.trial))))
+    if cfg.is_program and profile is not None:
+        _check_filled(cfg, profile)
     check(cfg, req.overrides)
     cluster = _check_cluster(profile_path)
     if cluster is not None and cfg.is_program:  # the code that goes to every node fits, before anything starts
@@ -114,6 +118,18 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         raise UserError(f"cannot write {run.profile}: {exc.strerror or exc}") from None
     remember_cluster(run.path, profile_path)  # a profile with [cluster] trains across its nodes
     return run, cfg, False
+
+
+def _check_filled(cfg: RunConfig, profile: Any) -> None:
+    """A sweep's profile run alone: a [sweep.params] parameter still written {name} in the command
+    has no value here, which the program would get as it is (and fail on, or worse, take)."""
+    for param in profile.tables.get("sweep", {}).get("params", ()):
+        if any("{" + param.name + "}" in word for word in cfg.command):
+            value = param.choices[0] if param.kind == "choice" else param.low
+            example = json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
+            raise UserError(f"{profile.path}: [run] command has {{{param.name}}}, a [sweep.params] parameter with no "
+                            f"value outside a sweep: run it with `gputui sweep {profile.path}`, or give it one in "
+                            f"[run] trial, e.g. trial = {{{param.name} = {example}}}")
 
 
 def _check_cluster(profile_path: Path | None) -> Any:
