@@ -60,6 +60,7 @@ INTEGRATION_TESTS = frozenset({
     "test_dashboard_app.py::test_a_crashed_run_shows_its_error_line",
     "test_dashboard_app.py::test_t_trains_stops_and_r_resumes_through_the_child",
     "test_dashboard_model.py::test_training_child_reports_the_error_line",
+    "test_dashboard_model.py::test_a_run_refused_before_it_starts_leaves_no_directory_but_its_error_line",
     "test_dashboard_runs.py::test_an_exit_without_the_question_leaves_the_run_going_and_the_app_ends",
     "test_dashboard_runs.py::test_quit_keeps_the_run_going_headless_and_a_later_dashboard_attaches",
     "test_dashboard_runs.py::test_resume_from_the_runs_screen_of_a_complete_run_says_so",

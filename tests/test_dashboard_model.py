@@ -220,6 +220,23 @@ def test_training_child_reports_the_error_line(tmp_path: Path) -> None:
     assert child.last_error().startswith("gputui: error: --epochs 0")
 
 
+def test_a_run_refused_before_it_starts_leaves_no_directory_but_its_error_line(tmp_path: Path) -> None:
+    """`t` makes the run's directory for its stderr.log; a run that a check refuses (exit 2, no
+    profile.toml) left it behind, empty but for that file. A directory that was there (a resume) stays."""
+    run_dir = tmp_path / "run"
+    child = TrainingChild(run_argv(None, False, ["--epochs", "0", "--run-dir", str(run_dir)]), run_dir=run_dir)
+    child.start()
+    assert child.wait() == 2
+    assert child.last_error().startswith("gputui: error: --epochs 0")
+    assert not run_dir.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    child = TrainingChild(run_argv(None, False, ["--epochs", "0", "--run-dir", str(kept)]), run_dir=kept)
+    child.start()
+    assert child.wait() == 2 and child.last_error().startswith("gputui: error: --epochs 0")
+    assert (kept / "stderr.log").is_file()
+
+
 def test_bad_dashboard_flags_are_one_line_errors(tmp_path: Path) -> None:
     for args in (["--profile", str(tmp_path / "missing.toml")], ["ui", "--profile", str(tmp_path / "missing.toml")]):
         done = subprocess.run([sys.executable, "-m", "gputui", *args], capture_output=True, text=True, timeout=60)

@@ -124,6 +124,8 @@ class TrainingChild:
         self._lock = threading.Lock()
         self._stopper: threading.Thread | None = None
         self._stderr_start = 0
+        self._made_dir = False  # this object made run_dir (a new run, not a resume)
+        self._kept = False  # stderr.log's lines are in _stderr (the run never started: its directory went)
         self.program = False  # a run of the user's own program (its start event says so)
 
     @property
@@ -152,6 +154,7 @@ class TrainingChild:
         dashboard's terminal), no pipe to the dashboard (stdout to /dev/null: its events are in
         events.jsonl; stderr to stderr.log)."""
         run = runs.RunDir(run_dir)
+        self._made_dir = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
         start = run.events.stat().st_size if run.events.exists() else 0  # a resume appends: follow what is new
         with open(run_dir / runs.STDERR, "ab") as err:
@@ -235,7 +238,24 @@ class TrainingChild:
         self._stderr_done.wait(5.0)
         if self.run_dir is not None:
             runs.clear_pid(runs.RunDir(self.run_dir), self.proc.pid)  # the run removes it itself, unless killed
+            if self._made_dir and not runs.RunDir(self.run_dir).profile.exists():
+                self._drop_unstarted(self.run_dir)
         return code
+
+    def _drop_unstarted(self, run_dir: Path) -> None:
+        """A run refused before it started (a check failed, so it wrote no profile.toml) leaves no
+        directory behind: its stderr is kept here for last_error, and the directory this object
+        made goes, unless something else was written into it."""
+        said = self._stderr_lines()
+        self._stderr.clear()
+        self._stderr.extend(said)
+        self._made_dir = False
+        self._kept = True  # from now on, its lines are those kept here
+        try:
+            (run_dir / runs.STDERR).unlink()
+            run_dir.rmdir()
+        except OSError:
+            pass
 
     def detach(self) -> None:
         """Let the run go on without this dashboard: stop following it; nothing stops it any more."""
@@ -246,7 +266,7 @@ class TrainingChild:
     def _stderr_lines(self) -> list[str]:
         """What the run wrote on stderr (the last 40 lines), then this object's own notes."""
         lines: list[str] = []
-        if self.run_dir is not None:
+        if self.run_dir is not None and not self._kept:
             try:
                 with open(self.run_dir / runs.STDERR, "rb") as fh:
                     fh.seek(max(self._stderr_start, fh.seek(0, os.SEEK_END) - 16384))
