@@ -304,3 +304,22 @@ def test_a_program_worker_that_gets_no_objective_fails_the_trial_at_once(tmp_pat
     (trial,) = optuna.load_study(study_name="s", storage=f"sqlite:///{db}").get_trials()
     assert trial.state == TrialState.FAIL and trial.user_attrs["attempts"] == 1
     assert "the program ended without reporting val_acc" in trial.user_attrs["error"]
+
+
+def test_a_study_kept_from_before_a_programs_profile_refused_net_keys_still_resumes(tmp_path: Path) -> None:
+    """A program's profile with a built-in net's key (epochs, which did nothing) is refused now; a
+    study that kept such a profile at its start still loads for --resume and show."""
+    from gputui.sweep import study as studies
+    from gputui.sweep.space import load_spec
+
+    text = ('[run]\ncommand = ["python", "train.py", "{lr}"]\ndevice = "cpu"\nobjective = "val_acc"\n\n'
+            '[sweep]\ntrials = 2\n\n[sweep.params]\nlr = {low = 1e-4, high = 1e-1, log = true}\n')
+    profile = write(tmp_path, "old.toml", text.replace('device = "cpu"\n', 'device = "cpu"\nepochs = 3\n'))
+    with pytest.raises(UserError, match=r"old.toml:4: \[run\] epochs: a setting of the built-in nets"):
+        load_spec(profile)
+    write(tmp_path, "old.toml", text)
+    made = studies.create(load_spec(profile)[1])
+    old = profile.read_text().replace('device = "cpu"\n', 'device = "cpu"\nepochs = 3\n')
+    made.set_user_attr(studies.PROFILE_ATTR, old)  # as an older gputui accepted and kept it
+    _study, kept, spec = studies.load("old")
+    assert kept.run.command == ("python", "train.py", "{lr}") and spec.metric == "val_acc"

@@ -54,8 +54,9 @@ class Profile:
     tables: Mapping[str, Any] = field(default_factory=dict)  # the other sections, validated
 
 
-def parse_profile(text: str, path: Path | None = None) -> Profile:
-    """Validate TOML text as a profile; errors name `path`, the line and the key."""
+def parse_profile(text: str, path: Path | None = None, kept: bool = False) -> Profile:
+    """Validate TOML text as a profile; errors name `path`, the line and the key. `kept`: a text
+    gputui kept itself (a sweep's copy of its profile), read as it was accepted when written."""
     source = Source(path, text)
     where = str(path) if path else "profile"
     try:
@@ -69,7 +70,7 @@ def parse_profile(text: str, path: Path | None = None) -> Profile:
                                            f"(a profile has {known})")
     tables = {name: PROFILE_SECTIONS[name].validate_any(value, source) for name, value in doc.items() if name != "run"}
     run = RUN_SECTION.validate(doc.get("run", {}), source)
-    if run.get("command") and not written_by_gputui(text):  # a net's key would do nothing: said, never ignored
+    if run.get("command") and not (kept or written_by_gputui(text)):  # a net's key would do nothing: said, never ignored
         stray = next((name for name in run if name in only_for("net")), None)
         if stray is not None:
             raise source.error("run", stray, "a setting of the built-in nets, and this profile runs your own program "

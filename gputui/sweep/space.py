@@ -137,8 +137,8 @@ def load_spec(path: Path) -> tuple[Profile, SweepSpec]:
     return parse_text(text, path)
 
 
-def parse_text(text: str, path: Path | None) -> tuple[Profile, SweepSpec]:
-    profile = parse_profile(text, path)
+def parse_text(text: str, path: Path | None, kept: bool = False) -> tuple[Profile, SweepSpec]:
+    profile = parse_profile(text, path, kept)  # kept: the study's copy (parse_profile)
     table = profile.tables.get("sweep")
     if table is None:
         raise UserError(f"{path}: no [sweep] table: a sweep profile gives its search space there "

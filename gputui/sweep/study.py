@@ -150,7 +150,7 @@ def load(name: str, what: str = "--resume") -> tuple[Any, Any, SweepSpec]:
     if missing and what == "--resume":
         print(f"gputui: note: sweep {name}: {', '.join(missing)} not kept in the study (a secret) and "
               f"{path or 'its profile'} no longer holds it: this sweep goes on without it", file=sys.stderr)
-    profile, spec = parse_text(text, Path(path) if isinstance(path, str) else None)
+    profile, spec = parse_text(text, Path(path) if isinstance(path, str) else None, kept=True)
     if spec.name != name:  # the profile names itself by its file; the study's name is the one to keep
         from dataclasses import replace
 
