@@ -40,6 +40,7 @@ from gputui.model.errors import GputuiError
 from gputui.model.lines import OUTPUT_LINE
 from gputui.model.text import clean, clean_tree
 from gputui.model.units import plural
+from gputui.runs.provenance import code_version
 
 MASTER_DIR = "node-master"  # the master's own node's run directory, inside the run directory
 CODE_DIR = "code"  # in a node's run directory: its copy of the workdir
@@ -198,6 +199,9 @@ class ProgramAttempts(Attempts):
             direction=cfg.direction, nodes=len(ctx.group), nproc_per_node=ctx.settings.nproc_per_node)
         if cfg.objective:
             start["objective"] = cfg.objective
+        version = code_version(workdir)  # the master's copy, which every node gets (gputui.runs.provenance)
+        if version is not None:
+            start.update(version.fields())
         before = _last_step(ctx.run.events) if resume else 0
         ctx.out.write(events.make("start", **start))
         if resume:

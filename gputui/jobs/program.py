@@ -29,6 +29,7 @@ from gputui.model.errors import GputuiError, UserError
 from gputui.model.lines import OUTPUT_LINE, LineSplitter
 from gputui.model.text import clean
 from gputui.runs import store as runs
+from gputui.runs.provenance import code_version
 
 OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written, but for `> out.txt`)
 REPORTED = "reported.jsonl"  # GPUTUI_EVENTS: the program appends its report lines here
@@ -467,6 +468,9 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
         world_size=nproc if ddp else 1, resumed=resume, direction=cfg.direction, **threads_info)
     if cfg.objective:
         start["objective"] = cfg.objective
+    version = code_version(workdir)  # which code this start ran (gputui.runs.provenance)
+    if version is not None:
+        start.update(version.fields())
     outputs = OutputMetrics(cfg.metrics_regex)
     reports = Reports()
     pacer = Pacer()

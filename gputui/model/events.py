@@ -31,7 +31,8 @@ SPEC: dict[str, dict[str, str]] = {
               "step_impl": "str", "schedule_from_step": "int", "threads": "int", "threads_why": "str",
               "warmup_s": "num",
               # a run of the user's own program (gputui.jobs.program)
-              "program": "str", "workdir": "str", "resumed": "bool", "objective": "str", "direction": "str"},
+              "program": "str", "workdir": "str", "resumed": "bool", "objective": "str", "direction": "str",
+              "git_commit": "str", "git_dirty": "bool"},
     # What a user's program reported (its events file, or an output line a [run] metrics_regex matched).
     "metrics": {**_POSITION, "values": "values", "rank": "int", "source": "str", "merged": "int", "checkpoint": "bool"},
     "step": {**_POSITION, "loss": "num", "l1": "num", "samples_per_s": "num", "lr": "num"},

@@ -76,6 +76,8 @@ class RunSummary:
     objective_last: float | None = None
     objective_best: float | None = None
     epoch: int | None = None  # the last epoch the program reported
+    git_commit: str | None = None  # the code its latest start ran: its workdir's commit (gputui.runs.provenance)
+    git_dirty: bool | None = None  # and whether that code had uncommitted changes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +106,8 @@ def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, 
             device=digest.device, strategy=digest.strategy, world_size=digest.world_size, epochs_done=0, epochs=None,
             best_acc=None, final_acc=None, train_s=digest.train_s, cost_usd=cost_usd, state=state, detail=detail,
             last_event=digest.last_time, program=program, objective=digest.objective, direction=digest.direction,
-            objective_last=digest.objective_last, objective_best=digest.objective_best, epoch=digest.program_epoch)
+            objective_last=digest.objective_last, objective_best=digest.objective_best, epoch=digest.program_epoch,
+            git_commit=digest.git_commit, git_dirty=digest.git_dirty)
     needs_profile = not all((digest.model, digest.device, digest.strategy, digest.epochs))
     profile = _profile(run.profile) if needs_profile else {}  # a start event says it all: no file read
     return RunSummary(

@@ -75,6 +75,8 @@ class Digest:
     objective_last: float | None = None  # that metric's last value
     objective_best: float | None = None  # and its best, in `direction`
     program_epoch: int | None = None  # the last epoch a metrics event named
+    git_commit: str | None = None  # the latest start's code (gputui.runs.provenance)
+    git_dirty: bool | None = None  # and whether its tracked files had uncommitted changes
 
     def fold(self, raw: Mapping[str, Any]) -> None:
         """Take one more event (read from a file: data)."""
@@ -119,6 +121,9 @@ class Digest:
         self.direction = None if self.program is None else direction if direction in DIRECTIONS else DIRECTIONS[0]
         if self.program is None:
             self.program_epoch = None
+        commit = _str(start.get("git_commit")) if self.program is not None else None
+        dirty = start.get("git_dirty") if commit is not None else None
+        self.git_commit, self.git_dirty = commit, dirty if isinstance(dirty, bool) else None
 
     def _metrics(self, event: Mapping[str, Any]) -> None:
         rank = event.get("rank")
@@ -167,7 +172,9 @@ class Digest:
         checks = (
             isinstance(digest.events, int) and isinstance(digest.epochs_done, int) and isinstance(digest.has_start, bool),
             all(getattr(digest, name) is None or _str(getattr(digest, name)) is not None
-                for name in ("model", "device", "strategy", "last_kind", "last_text", "program", "objective")),
+                for name in ("model", "device", "strategy", "last_kind", "last_text", "program", "objective",
+                             "git_commit")),
+            digest.git_dirty is None or isinstance(digest.git_dirty, bool),
             digest.direction is None or digest.direction in DIRECTIONS,
             all(getattr(digest, name) is None or _int(getattr(digest, name)) is not None
                 for name in ("world_size", "epochs", "done_epochs", "program_epoch")),

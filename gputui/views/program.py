@@ -119,6 +119,9 @@ class ProgramView:
             self.program = clean(str(event.get("program") or ""))[:80]
             elapsed = self.elapsed
             note = " (resumed)" if event.get("resumed") else ""
+            commit = event.get("git_commit")
+            if isinstance(commit, str) and commit:  # which code: what a result is traced back to
+                note += f" · git {clean(commit)[:10]}" + (" with uncommitted changes" if event.get("git_dirty") else "")
             self.console.print(_text("run ", (event.get("run_id"), "bold"), ": ", (self.program, ""),
                                           f" on {self.gpus}{note}"))
             self.elapsed = elapsed
