@@ -127,6 +127,19 @@ def test_the_objectives_last_and_best_value_follow_its_direction(
     assert cells[5:8] == ["2", f"val_acc {best:g}", "0.7"]
 
 
+def test_a_program_runs_code_is_its_latest_starts_and_the_listing_shows_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    program_run(tmp_path, [start(git_commit=commit, git_dirty=False), start(git_commit=commit, git_dirty=True)])
+    program_run(tmp_path, [start(git_commit=commit)], name="q")  # git could not say whether it changed
+    program_run(tmp_path, [start(git_commit=commit), start()], name="r")  # resumed outside the work tree
+    rows = listed(capsys, tmp_path)
+    assert [(rows[k]["git_commit"], rows[k]["git_dirty"]) for k in "pqr"] == [(commit, True), (commit, None),
+                                                                               (None, None)]
+    assert [history.cells(history.RunSummary(**rows[k]))[2] for k in "pqr"] == [
+        "train.py @0123456-dirty", "train.py @0123456", "train.py"]
+
+
 def test_without_an_objective_the_accuracy_columns_say_not_available(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     program_run(tmp_path, [start(), metrics({"val_acc": 0.5}, 1.0)])

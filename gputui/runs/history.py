@@ -255,7 +255,10 @@ def cells(s: RunSummary) -> list[str]:
     if s.program is not None:  # a program: its last epoch, its objective's best (named) and last
         epochs = units.NA if s.epoch is None else str(s.epoch)
         best = units.NA if s.objective is None else f"{s.objective} {_value(s.objective_best)}"
-        return [s.run_id, started, s.model or units.NA, s.device or units.NA, strategy, epochs, best,
+        name = s.model or units.NA
+        if s.git_commit:  # the code it ran, as `git describe --dirty` marks a changed work tree
+            name += f" @{s.git_commit[:7]}" + ("-dirty" if s.git_dirty else "")
+        return [s.run_id, started, name, s.device or units.NA, strategy, epochs, best,
                 units.NA if s.objective is None else _value(s.objective_last),
                 units.duration(s.train_s), units.money(s.cost_usd), s.state, s.detail or ""]
     return [s.run_id, started, s.model or units.NA, s.device or units.NA, strategy,
