@@ -99,6 +99,7 @@ def test_a_4_trial_sweep_over_2_cpu_workers_puts_lr_in_the_command_and_rates_tri
                     'trial = {tag = "fixed", lr = 1.0}\n\n'
                     '[sweep]\ntrials = 4\nworkers = 2\nthreads = 1\nobjective = "val_acc"\ndirection = "maximize"\n'
                     'pruner = "none"\n\n[sweep.params]\nlr = {low = 1e-4, high = 1e-1, log = true}\n')
+    head = commit_all(tmp_path)  # the code under git: each trial's start says which commit it ran
     with Child([sys.executable, "-m", "gputui", "sweep", "--json", str(profile)], name="gputui sweep") as child:
         assert child.finish(WAIT) == 0, child.stderr
     db = Path(os.environ["GPUTUI_HOME"]) / "sweeps" / "sweeps.db"
@@ -115,6 +116,7 @@ def test_a_4_trial_sweep_over_2_cpu_workers_puts_lr_in_the_command_and_rates_tri
         start = events(run / "events.jsonl")[0]
         assert start["event"] == "start" and start["program"] == f"python train.py --lr {lr!r}"
         assert start["objective"] == "val_acc" and start["direction"] == "maximize"
+        assert (start["git_commit"], start["git_dirty"]) == (head, False)  # the master's read, given to the trial
         assert t.value == expected_value(lr)  # the last reported val_acc, not the best
         assert t.intermediate_values[0] == round(expected_value(lr) + 0.05, 6)  # the pruner saw the peak
     assert len(pids) == 4  # each trial a fresh process
@@ -137,6 +139,18 @@ def test_a_4_trial_sweep_over_2_cpu_workers_puts_lr_in_the_command_and_rates_tri
     done = run_cli("run", "--json", "--profile", str(best))
     assert done.returncode == 0, done.stderr
     assert json_lines(done.stdout)[-1]["event"] == "done"
+
+
+def commit_all(repo: Path) -> str:
+    """`git init` and commit everything in `repo`; its HEAD."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@example.org", "commit",
+                                                 "-q", "-m", "code"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env, timeout=60)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, env=env,
+                          text=True, timeout=60).stdout.strip()
 
 
 def test_a_program_trial_reporting_a_poor_value_is_pruned_sees_should_stop_and_ends_interrupted(
@@ -323,3 +337,35 @@ def test_a_study_kept_from_before_a_programs_profile_refused_net_keys_still_resu
     made.set_user_attr(studies.PROFILE_ATTR, old)  # as an older gputui accepted and kept it
     _study, kept, spec = studies.load("old")
     assert kept.run.command == ("python", "train.py", "{lr}") and spec.metric == "val_acc"
+
+
+def test_a_program_worker_gives_its_trial_the_code_the_master_read_never_its_own_copys(tmp_path: Path) -> None:
+    """A host's copy of the code is no work tree (and the folder above it may be another): the
+    trial records the master's read of its workdir, as the trial message says it, or nothing."""
+    from gputui.runs.provenance import CodeVersion
+    from gputui.sweep.programs import ProgramWorker
+
+    seen: list[Any] = []
+
+    class Runs:
+        CHECKPOINTS = "checkpoints"
+
+        def execute_program(self, run: Any, cfg: Any, resume: bool, view: Any, trial: Any = None, stop: Any = None,
+                            code: Any = "not given") -> str:
+            seen.append(code)
+            return "done"
+
+        def substitute(self, command: Any, params: Any) -> list[str]:
+            return list(command)
+
+        def wrote_checkpoint(self, path: Path) -> bool:
+            return False
+
+    results: list[dict[str, Any]] = []
+    worker = ProgramWorker("cpu", 1, Runs(), results.append)
+    sha = "ab" * 20
+    for code in ({"git_commit": sha, "git_dirty": True}, {"git_commit": sha}, {}, {"git_commit": "HEAD"}, "x"):
+        worker.run_trial({"op": "trial", "trial": 1, "profile": '[run]\ncommand = ["python", "t.py"]\n',
+                          "run_dir": str(tmp_path / "t"), "objective": "val_acc", "code": code})
+    assert seen == [CodeVersion(sha, True), CodeVersion(sha, None), None, None, None]
+    assert [r["outcome"] for r in results] == ["done"] * 5

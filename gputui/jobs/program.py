@@ -37,6 +37,7 @@ CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
 MAX_REPORT_LINE = 64 * 1024  # bytes: a report line longer than this is dropped (and counted)
 MAX_VALUES = 64  # metrics in one report line; more are dropped (and counted)
+LOOK: Any = object()  # execute_program's `code`: read the workdir's (a sweep's worker is given the master's)
 EVENTS_PER_S = 50.0  # metrics events written at most this often; faster reports are merged
 READ_CHUNK = 1 << 20
 READS_PER_TICK = 64  # at most 64 MiB of reports read between two looks at the program and the stop flag
@@ -407,9 +408,10 @@ def wrote_checkpoint(path: Path) -> bool:
 
 
 def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None,
-                    stop: Any = None) -> str:
+                    stop: Any = None, code: Any = LOOK) -> str:
     """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit).
-    `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial)."""
+    `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial).
+    `code`: the CodeVersion (or None) its start event records; LOOK: read from the workdir."""
     from gputui.jobs import gpus as gpu_choice
     from gputui.model.paths import user_umask
     from gputui.model.supervisor import StopFlag, Tree, stop_on_signals
@@ -468,7 +470,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
         world_size=nproc if ddp else 1, resumed=resume, direction=cfg.direction, **threads_info)
     if cfg.objective:
         start["objective"] = cfg.objective
-    version = code_version(workdir)  # which code this start ran (gputui.runs.provenance)
+    version = code_version(workdir) if code is LOOK else code  # which code this start ran (gputui.runs.provenance)
     if version is not None:
         start.update(version.fields())
     outputs = OutputMetrics(cfg.metrics_regex)

@@ -9,6 +9,9 @@ writes anything: with GIT_OPTIONAL_LOCKS=0 status writes no refreshed index and 
 the user's own git could meet (`git diff` would write one: it has no such switch). git's
 fsmonitor hook is off, as for the code sync (gputui.cluster.codesync). A workdir that is no work
 tree, a missing git or a slow one: no fields, and the run goes on.
+
+A sweep's master reads its workdir once and gives each trial that (a host's copy of the code is
+no work tree, and the folder above it could be another one: a home under git).
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ class CodeVersion:
         if self.dirty is not None:
             out["git_dirty"] = self.dirty
         return out
+
+
+def from_fields(data: object) -> CodeVersion | None:
+    """A CodeVersion as `fields` wrote it (a sweep master's, in a trial message: data), or None."""
+    if not isinstance(data, dict):
+        return None
+    commit, dirty = data.get("git_commit"), data.get("git_dirty")
+    if not isinstance(commit, str) or not _SHA.match(commit):
+        return None
+    return CodeVersion(commit, dirty if isinstance(dirty, bool) else None)
 
 
 def code_version(workdir: Path) -> CodeVersion | None:

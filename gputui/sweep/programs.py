@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from gputui.model import outside
 from gputui.model.supervisor import StopFlag
+from gputui.runs.provenance import from_fields
 from gputui.sweep import protocol
 
 Write = Callable[[dict[str, Any]], None]
@@ -34,7 +35,7 @@ class ProgramRuns(Protocol):
     CHECKPOINTS: str
 
     def execute_program(self, run: Any, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None,
-                        stop: Any = None) -> str: ...
+                        stop: Any = None, code: Any = ...) -> str: ...
 
     def substitute(self, command: Sequence[str], params: Mapping[str, Any]) -> list[str]: ...
 
@@ -124,7 +125,8 @@ class ProgramWorker(protocol.CurrentTrial):
             resume = bool(message.get("resume")) and self.runs.wrote_checkpoint(run.path / self.runs.CHECKPOINTS)
             if not resume:
                 run.profile.write_text(cfg.to_toml(), encoding="utf-8")
-            outcome = self.runs.execute_program(run, cfg, resume, relay, trial=params, stop=stop)
+            code = from_fields(message.get("code"))  # the master's read of its workdir (gputui.runs.provenance)
+            outcome = self.runs.execute_program(run, cfg, resume, relay, trial=params, stop=stop, code=code)
             result.update(outcome="done" if outcome == "done" else "stopped", reason=stop.reason or None,
                           value=relay.last)
         except GputuiError as exc:

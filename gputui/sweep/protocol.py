@@ -5,7 +5,8 @@ master -> worker (stdin):
       train one trial: `profile` is a resolved run profile ([run] table, as profile.toml);
       `resume` continues from the checkpoint in run_dir (a retried trial whose checkpoint is there)
   a program's trial (`gputui worker --program`) also carries "params": {NAME: VALUE} (into `{NAME}` in
-      [run] command and GPUTUI_TRIAL), "objective": METRIC and "direction"
+      [run] command and GPUTUI_TRIAL), "objective": METRIC, "direction" and "code": {"git_commit": SHA,
+      "git_dirty": bool} (the master's workdir, gputui.runs.provenance; {}: none), which its start records
   {"op": "stop", "trial": N, "reason": "pruned"}
       end trial N at its next step (a stop for another trial is ignored: it came too late)
   {"op": "exit"}, or the end of stdin: finish at once (a running trial is stopped)

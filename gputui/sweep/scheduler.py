@@ -157,6 +157,7 @@ class Scheduler:
         self.deaths: dict[str, int] = {}
         self.tallies: dict[str, outside.Tally] = {}  # slot -> what its workers sent that was not taken
         self.trials = Trials()  # every trial held, each in its state (gputui.sweep.lifecycle)
+        self.code: dict[str, Any] | None = None  # a program's code (its git commit): read at the first trial
         self.spend = Spend(spec.budget_usd, clock)
         self.turnarounds_ms: list[float] = []
         self.startups_ms: list[float] = []
@@ -361,12 +362,25 @@ class Scheduler:
         message = {"op": "trial", "trial": trial.number, "attempt": trial.attempt, "profile": trial.profile,
                    "run_dir": str(directory), "resume": resume}
         if self.spec.of_program:
-            message.update(params=trial.params, objective=self.spec.metric, direction=self.spec.direction)
+            message.update(params=trial.params, objective=self.spec.metric, direction=self.spec.direction,
+                           code=self._code())
         try:
             worker.handle.send(message)
         except WorkerGone:
             pass  # its output ends next: _lost gives the trial back
         self._write(trial, lambda: trial.handle.set_user_attr("slot", worker.slot.name))  # after the send: the dashboard's sweep view
+
+    def _code(self) -> dict[str, Any]:
+        """The program's code as this master reads its workdir, once a sweep ({}: no work tree):
+        each trial records it, wherever it runs (gputui.runs.provenance)."""
+        if self.code is None:
+            from pathlib import Path
+
+            from gputui.runs.provenance import code_version
+
+            version = code_version(Path(self.base.resolve().workdir or ".").expanduser())
+            self.code = version.fields() if version is not None else {}
+        return self.code
 
     def _retry(self, trial: Trial, error: str, slot: str) -> None:
         trial.errors.append(error)
