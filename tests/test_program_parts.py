@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gputui.config.run import substitute
 from gputui.jobs import gpus
 from gputui.jobs.program import (
-    MAX_REPORT_LINE, Clock, OutputMetrics, Pacer, Record, Reports, find_program, substitute,
+    MAX_REPORT_LINE, Clock, OutputMetrics, Pacer, Record, Reports, find_program,
 )
 from gputui.model.errors import UserError
 from gputui.model.telemetry import GpuSample

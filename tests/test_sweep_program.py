@@ -350,13 +350,10 @@ def test_a_program_worker_gives_its_trial_the_code_the_master_read_never_its_own
     class Runs:
         CHECKPOINTS = "checkpoints"
 
-        def execute_program(self, run: Any, cfg: Any, resume: bool, view: Any, trial: Any = None, stop: Any = None,
+        def execute_program(self, run: Any, cfg: Any, resume: bool, view: Any, stop: Any = None,
                             code: Any = "not given") -> str:
             seen.append(code)
             return "done"
-
-        def substitute(self, command: Any, params: Any) -> list[str]:
-            return list(command)
 
         def wrote_checkpoint(self, path: Path) -> bool:
             return False

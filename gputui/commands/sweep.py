@@ -73,9 +73,7 @@ def _show(args: argparse.Namespace) -> int:
     from gputui.sweep import show
 
     if args.run is not None:
-        from gputui.jobs.program import substitute
-
-        path = show.write_best_profile(args.name, Path(args.run).expanduser() if args.run else None, substitute)
+        path = show.write_best_profile(args.name, Path(args.run).expanduser() if args.run else None)
         view.say(f"wrote {path}; train it again with: gputui run --profile {path}")
         return 0
     data = show.report(args.name)

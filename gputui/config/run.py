@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields, make_dataclass, replace
 from dataclasses import field as attribute
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from gputui.config.recipes import MODEL_NAMES, RECIPES
 from gputui.config.schema import REQUIRED, key, section_of
@@ -170,6 +170,12 @@ class RunConfig:
         return _TOML_HEADER + _dump_toml({"run": {f.name: getattr(self, f.name) for f in fields(self)
                                                   if RUN_SECTION.fields[f.name].only != aside}})
 
+    def with_trial(self, params: Mapping[str, Any] | None = None) -> RunConfig:
+        """This run with a trial's values (`params`, a sweep's choice) on top of [run] trial: {name}
+        filled in the command, and [run] trial holding them all (report.trial(), profile.toml)."""
+        values = {**dict(self.trial), **(params or {})}
+        return replace(self, command=tuple(substitute(self.command, values)), trial=tuple(sorted(values.items())))
+
     def settings(self) -> RunSettings:
         """These values as (fully set) settings, to merge flags on top of."""
         return RunSettings(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -179,6 +185,19 @@ RUN_SECTION = section_of(
     RunConfig, "run", "How to train: the model, where, how, and the hyper-parameters that override the model's.")
 
 _TOML_HEADER = "# Resolved profile of this run (written by gputui; used by --resume).\n"
+
+
+def substitute(command: Sequence[str], params: Mapping[str, Any]) -> list[str]:
+    """`{name}` in each word replaced by the trial parameter `name` (other braces left as they are;
+    a float as its repr, which reads back exactly)."""
+    if not params:
+        return list(command)
+    pattern = re.compile(r"\{(" + "|".join(re.escape(k) for k in params) + r")\}")
+    return [pattern.sub(lambda m: _word(params[m.group(1)]), word) for word in command]
+
+
+def _word(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def only_for(kind: str) -> tuple[str, ...]:

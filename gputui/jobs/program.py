@@ -208,18 +208,6 @@ def last_elapsed(path: Path) -> float:
     return last
 
 
-def substitute(command: Sequence[str], params: Mapping[str, Any]) -> list[str]:
-    """`{name}` in each word replaced by the sweep parameter `name` (other braces left as they are)."""
-    if not params:
-        return list(command)
-    pattern = re.compile(r"\{(" + "|".join(re.escape(k) for k in params) + r")\}")
-    return [pattern.sub(lambda m: _word(params[m.group(1)]), word) for word in command]
-
-
-def _word(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def program_env(base: Mapping[str, str], run: runs.RunDir, extra: Mapping[str, str], resume: bool,
                 trial: Mapping[str, Any]) -> dict[str, str]:
     """The program's environment: the user's, `[run] env`, and gputui's variables (docs/program.md).
@@ -407,8 +395,7 @@ def wrote_checkpoint(path: Path) -> bool:
         return False
 
 
-def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None,
-                    stop: Any = None, code: Any = LOOK) -> str:
+def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: Any = None, code: Any = LOOK) -> str:
     """Run the program to its end; 'done' or 'interrupted', or raise GputuiError (a non-zero exit).
     `stop` (set(reason), is_set(), reason): a sweep worker's stop for its trial (a pruned trial).
     `code`: the CodeVersion (or None) its start event records; LOOK: read from the workdir."""
@@ -430,7 +417,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, trial: 
                                rule=gpu_choice.free_rule_of(run.profile))  # the profile's [free], kept in the run's copy
     if ddp and not nproc:
         nproc = len(choice.visible) if choice.visible else 2
-    env = program_env(os.environ, run, dict(cfg.env), resume, {**dict(cfg.trial), **(trial or {})})
+    env = program_env(os.environ, run, dict(cfg.env), resume, dict(cfg.trial))
     env.update(choice.env())
     find_program(command[0], workdir, env.get("PATH", ""))
     threads_info: dict[str, Any] = {}

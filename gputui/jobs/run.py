@@ -93,9 +93,7 @@ def prepare(req: RunRequest) -> tuple[runs.RunDir, RunConfig, bool]:
         overrides = replace(overrides, command=tuple(req.program), workdir=str(Path.cwd()))
     cfg = base.merged(overrides).resolve()
     if cfg.is_program and cfg.trial:  # [run] trial fills {name} in the command, as a sweep's trial does
-        from gputui.jobs.program import substitute
-
-        cfg = replace(cfg, command=tuple(substitute(cfg.command, dict(cfg.trial))))
+        cfg = cfg.with_trial()
     if cfg.is_program and profile is not None:
         _check_filled(cfg, profile)
     check(cfg, req.overrides)

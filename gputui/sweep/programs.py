@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol
 
 from gputui.model import outside
 from gputui.model.supervisor import StopFlag
@@ -34,10 +34,8 @@ class ProgramRuns(Protocol):
 
     CHECKPOINTS: str
 
-    def execute_program(self, run: Any, cfg: Any, resume: bool, view: Any, trial: Mapping[str, Any] | None = None,
-                        stop: Any = None, code: Any = ...) -> str: ...
-
-    def substitute(self, command: Sequence[str], params: Mapping[str, Any]) -> list[str]: ...
+    def execute_program(self, run: Any, cfg: Any, resume: bool, view: Any, stop: Any = None,
+                        code: Any = ...) -> str: ...
 
     def wrote_checkpoint(self, path: Path) -> bool: ...
 
@@ -115,18 +113,17 @@ class ProgramWorker(protocol.CurrentTrial):
             # the run rates itself as the sweep does (`gputui runs` shows its last and best objective)
             said = message.get("direction")
             direction = said if isinstance(said, str) and said in ("maximize", "minimize") else cfg.direction
-            params = {**dict(cfg.trial), **params}  # the profile's [run] trial, under what the study chose
-            cfg = replace(cfg, command=tuple(self.runs.substitute(cfg.command, params)), device=self.device,
-                          strategy="single", gpus=None, nproc=None, threads=self.threads or cfg.threads,
-                          objective=objective or cfg.objective, direction=direction,
-                          trial=tuple(sorted(params.items())))  # its profile.toml runs this trial again
+            # the study's choice over the profile's [run] trial: its profile.toml runs this trial again
+            cfg = replace(cfg.with_trial(params), device=self.device, strategy="single", gpus=None, nproc=None,
+                          threads=self.threads or cfg.threads, objective=objective or cfg.objective,
+                          direction=direction)
             run = runs.RunDir(Path(str(message.get("run_dir"))))
             run.path.mkdir(parents=True, exist_ok=True)
             resume = bool(message.get("resume")) and self.runs.wrote_checkpoint(run.path / self.runs.CHECKPOINTS)
             if not resume:
                 run.profile.write_text(cfg.to_toml(), encoding="utf-8")
             code = from_fields(message.get("code"))  # the master's read of its workdir (gputui.runs.provenance)
-            outcome = self.runs.execute_program(run, cfg, resume, relay, trial=params, stop=stop, code=code)
+            outcome = self.runs.execute_program(run, cfg, resume, relay, stop=stop, code=code)
             result.update(outcome="done" if outcome == "done" else "stopped", reason=stop.reason or None,
                           value=relay.last)
         except GputuiError as exc:

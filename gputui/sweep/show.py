@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from gputui.model import units
 from gputui.model.errors import UserError
@@ -108,10 +108,9 @@ def print_report(data: dict[str, Any]) -> None:
         view.say(data["importances_note"] or "importances: n/a")
 
 
-def write_best_profile(name: str, target: Path | None,
-                       substitute: Callable[[Sequence[str], Mapping[str, Any]], list[str]] | None = None) -> Path:
+def write_best_profile(name: str, target: Path | None) -> Path:
     """The best trial's run profile, as `gputui run --profile` reads it; the file written. A
-    program's parameters go into its command with `substitute` (gputui.jobs.program.substitute)."""
+    program's parameters go into its command and its [run] trial."""
     from dataclasses import replace
 
     from gputui.config.run import RunSettings
@@ -124,12 +123,10 @@ def write_best_profile(name: str, target: Path | None,
     text = (f"# The best trial ({winner.number}) of sweep {name}: {spec.objective_text} = {winner.value!r}.\n"
             f"# Train it again with: gputui run --profile {path}\n")
     if spec.of_program:
-        cfg = profile.run.resolve()
-        params = {**dict(cfg.trial), **dict(winner.params)}
-        cfg = replace(cfg, command=tuple(substitute(cfg.command, params) if substitute else cfg.command),
-                      trial=tuple(sorted(params.items())), objective=spec.metric, direction=spec.direction)
+        cfg = replace(profile.run.resolve().with_trial(dict(winner.params)), objective=spec.metric,
+                      direction=spec.direction)
         text += ("# Its parameters, in its command and in [run] trial (report.trial()): "
-                 + json.dumps(params, sort_keys=True) + "\n")
+                 + json.dumps(dict(cfg.trial), sort_keys=True) + "\n")
     else:
         cfg = profile.run.merged(RunSettings(**dict(winner.params))).resolve()
     cfg = replace(cfg, device=profile.run.device or "auto")
