@@ -371,6 +371,35 @@ INTERLEAVED_BYTES = ("".join(f"out {i}\nerr {i}\n" for i in range(300)).encode()
                      + b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline")
 
 
+def test_an_objective_reported_faster_than_events_is_counted_report_by_report(tmp_path: Path) -> None:
+    """A step-less objective reported 500 times between 500 other reports, as fast as the program
+    can: events merge them (50 a second at most), and each event says how many reports of the
+    objective it holds, so a sweep's pruner counts 500 evaluations on any machine. Before, it
+    counted events: as many evaluations as the machine's speed let through."""
+    from gputui.sweep.programs import Relay
+
+    (tmp_path / "fast.py").write_text("from gputui import report\n"
+                                      "for i in range(500):\n"
+                                      "    report.log(loss=1.0 / (i + 1))\n"
+                                      "    report.log(acc=i / 500)\n")
+    profile = tmp_path / "p.toml"
+    profile.write_text('[run]\ncommand = ["python", "fast.py"]\nobjective = "acc"\n')
+    run_dir = tmp_path / "run"
+    done = subprocess.run(argv("run", "--profile", str(profile), "--run-dir", str(run_dir)), env=cli_env(),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = [e for e in events_of(run_dir) if e["event"] == "metrics"]
+    assert sum(e.get("merged", 1) for e in metrics) == 1000 and len(metrics) < 1000  # paced: merged
+    assert sum(e.get("objective_reports", 1) for e in metrics if "acc" in e["values"]) == 500
+    assert all("objective_reports" not in e or e["objective_reports"] > 1 for e in metrics)
+    marks: list[dict[str, Any]] = []
+    relay = Relay(0, "acc", marks.append, 0.0)
+    for event in metrics:
+        relay.show(event)
+    evals = [m["eval"] for m in marks if "eval" in m]
+    assert evals[-1] == 500 and evals == sorted(set(evals)) and relay.last == pytest.approx(499 / 500)
+
+
 @pytest.mark.parametrize("how", ["2>&1", "--json"])
 def test_stdout_and_stderr_keep_the_order_they_were_written_in(tmp_path: Path, how: str) -> None:
     """`gputui run -- prog > log 2>&1`: the two streams came through two pipes, so a tqdm bar's

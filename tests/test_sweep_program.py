@@ -301,6 +301,11 @@ def test_the_relay_marks_each_new_step_of_the_objective_and_keeps_its_last_value
         plain.show({"event": "metrics", "values": {"acc": value}})
         marks.append(out[0].get("eval"))
     assert marks == [1, 2, 3] and plain.last == 0.3
+    out = []
+    plain.write = out.append  # 5 reports of the objective merged into one event, then one more
+    plain.show({"event": "metrics", "values": {"acc": 0.8, "loss": 1.0}, "merged": 9, "objective_reports": 5})
+    plain.show({"event": "metrics", "values": {"acc": 0.9}})
+    assert [m.get("eval") for m in out] == [8, 9] and plain.last == 0.9
 
 
 def test_a_program_worker_that_gets_no_objective_fails_the_trial_at_once(tmp_path: Path) -> None:

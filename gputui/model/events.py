@@ -34,7 +34,8 @@ SPEC: dict[str, dict[str, str]] = {
               "program": "str", "workdir": "str", "resumed": "bool", "objective": "str", "direction": "str",
               "git_commit": "str", "git_dirty": "bool"},
     # What a user's program reported (its events file, or an output line a [run] metrics_regex matched).
-    "metrics": {**_POSITION, "values": "values", "rank": "int", "source": "str", "merged": "int", "checkpoint": "bool"},
+    "metrics": {**_POSITION, "values": "values", "rank": "int", "source": "str", "merged": "int", "objective_reports": "int",
+                "checkpoint": "bool"},
     "step": {**_POSITION, "loss": "num", "l1": "num", "samples_per_s": "num", "lr": "num"},
     "eval": {**_POSITION, "test_loss": "num", "test_acc": "num", "eval_s": "num"},
     "epoch": {**_POSITION, "train_loss": "num", "l1": "num", "test_loss": "num", "test_acc": "num", "eval_s": "num"},

@@ -5,8 +5,8 @@ the command: this layer does not import jobs), in the trial's run directory.
 The worker imports no torch and loads no data: it is ready at once. Per trial it puts the trial's
 parameters into `[run] command` (`{lr}`) and GPUTUI_TRIAL, relays the run's events to the master,
 and marks each `metrics` event that carries the objective with `eval` (the program's step + 1, or
-its epoch + 1, or the count of its reports of the objective when it gives neither; only when that
-moves forward), which the master reports to the study for the pruner. The trial's value is the
+its epoch + 1, or the count of its reports of the objective when it gives neither, reports merged
+into one event counted each (`objective_reports`); only when that moves forward), which the master reports to the study for the pruner. The trial's value is the
 last value of the objective the program reported (Optuna's convention: the final value).
 A stop from the master (pruned) is the run's stop: `report.should_stop()` turns True, then SIGTERM
 goes to the program's tree (gputui.jobs.keeper ends what is left after `[run] stop_grace_s`).
@@ -69,9 +69,10 @@ class Relay:
         if value is None:
             return None
         self.last = value
+        said = outside.index(event.get("objective_reports")) or 1  # reports merged into this one (Pacer)
+        self.reports += said
         step, epoch = outside.index(event.get("step")), outside.index(event.get("epoch"))
-        at = step if step is not None else epoch if epoch is not None else self.reports
-        self.reports += 1
+        at = step if step is not None else epoch if epoch is not None else self.reports - 1
         if at <= self.position:
             return None  # a step already given (Optuna keeps the first value of a step)
         self.position = at
