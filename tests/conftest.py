@@ -261,7 +261,9 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(*args: str, timeout: float = 300, **popen: Any) -> subprocess.CompletedProcess[str]:
-    """Run `python -m gputui ARGS` and capture its output."""
+    """Run `python -m gputui ARGS` and capture its output (stdin empty unless given: a program reads it)."""
+    if "input" not in popen:
+        popen.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run(
         [sys.executable, "-m", "gputui", *args],
         capture_output=True,

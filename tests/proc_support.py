@@ -43,6 +43,7 @@ class Child:
                  json_lines: bool = True, **popen: Any) -> None:
         self.name = name or " ".join(argv[:4])
         self.json_lines = json_lines
+        popen.setdefault("stdin", subprocess.DEVNULL)  # not the test runner's: a program reads gputui's
         self.proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      **popen)
         self.lines: list[str] = []  # every stdout line taken so far

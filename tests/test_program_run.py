@@ -371,6 +371,19 @@ INTERLEAVED_BYTES = ("".join(f"out {i}\nerr {i}\n" for i in range(300)).encode()
                      + b"\xff\xfe not utf-8 " + b"x" * 200_000 + b" and no newline")
 
 
+@pytest.mark.parametrize("json_view", [False, True])
+def test_the_program_reads_the_commands_stdin(tmp_path: Path, json_view: bool) -> None:
+    """`gputui run -- python train.py < params.txt` (or a pipe) gives the program that stdin, as a
+    shell would: it got /dev/null, and input() raised EOFError."""
+    code = "import sys\nprint('got', sys.stdin.read().upper().strip(), flush=True)\n"
+    run_dir = tmp_path / "run"
+    words = ["run", *(["--json"] if json_view else []), "--run-dir", str(run_dir), "--", "python", "-c", code]
+    done = subprocess.run(argv(*words), env=cli_env(), cwd=tmp_path, input="lr = 0.01\n", capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run_dir / "output.log").read_text() == "got LR = 0.01\n"
+
+
 def test_an_objective_reported_faster_than_events_is_counted_report_by_report(tmp_path: Path) -> None:
     """A step-less objective reported 500 times between 500 other reports, as fast as the program
     can: events merge them (50 a second at most), and each event says how many reports of the

@@ -20,13 +20,17 @@ from tests.proc_support import Child
 
 WAIT = 240  # s: a whole sweep of tiny program trials on a slow, busy 2-core machine
 
-# Reads its lr from argv (the `{lr}` of the command), checks report.trial() gives the same (with the
-# fixed `tag` of the profile's [run] trial), and reports val_acc from lr alone (best at lr = 1e-2): a
-# peak at step 0 (the first report is a metrics event at once), then lower, ending on the value the
-# trial is rated by (the last, not the best).
+# Finds its stdin empty (not the worker's, which is its master's), reads its lr from argv (the `{lr}`
+# of the command), checks report.trial() gives the same (with the fixed `tag` of the profile's
+# [run] trial), and reports val_acc from lr alone (best at lr = 1e-2): a peak at step 0 (the first
+# report is a metrics event at once), then lower, ending on the value the trial is rated by (the
+# last, not the best).
 PROGRAM = '''\
-import math, os, sys
+import math, os, select, sys
 from gputui import report
+ready, _, _ = select.select([0], [], [], 5)  # its stdin is empty: the worker's own is its master's
+if not ready or os.read(0, 1) != b"":
+    sys.exit("the trial's stdin is not empty: it is the worker's")
 lr = float(sys.argv[sys.argv.index("--lr") + 1])
 if report.trial() != {"lr": lr, "tag": "fixed"}:  # and the profile's [run] trial under the study's choice
     sys.exit(f"report.trial() is {report.trial()}, argv says lr = {lr!r}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gputui.config.run import METRIC_NAME
-from gputui.model import events, outside
+from gputui.model import events, outside, units
 from gputui.model.errors import GputuiError, UserError
 from gputui.model.lines import OUTPUT_LINE, LineSplitter
 from gputui.model.text import clean
@@ -412,6 +412,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
     `code`: the CodeVersion (or None) its start event records; LOOK: read from the workdir."""
     from gputui.jobs import gpus as gpu_choice
     from gputui.model.paths import user_umask
+    from gputui.jobs.prompt import PromptWatch
     from gputui.model.supervisor import StopFlag, Tree, stop_on_signals
     from gputui.train.distributed import _die_with_parent
 
@@ -497,7 +498,10 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
 
     output_lock = threading.Lock()
 
+    output_at = [time.monotonic()]  # when the program last wrote (a program that prints waits for no line)
+
     def on_line(text: str, stream: str, end: str) -> None:
+        output_at[0] = time.monotonic()
         if stream in drawn:
             view.output(text, stream, end)
         record = outputs.match(text) if outputs.patterns and end else None  # a line, or a bar's redraw
@@ -512,6 +516,12 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
     # stderr (their order kept, in output.log too), unless the view sends them to two places
     # (`> out.txt` on a terminal); a stream the view does not draw is copied as it came.
     placed = getattr(view, "program_streams", None)
+    # The command's stdin goes to the program, as a shell gives it (`< params.txt`, a pipe, the
+    # terminal for input() and breakpoint()); a view that does not say so (a sweep's worker, whose
+    # stdin is its master's) gives it none.
+    reads_stdin = getattr(view, "program_stdin", False) is True
+    awaiting = getattr(view, "awaiting_input", None)  # a terminal view: the program waits for a typed line
+    prompts = PromptWatch.for_stdin() if reads_stdin and awaiting is not None else None
     streams: list[tuple[str, Callable[[bytes], None] | None]] = placed() if placed else [("output", None)]
     drawn = {name for name, copy in streams if copy is None and hasattr(view, "output")}  # on_line's
     output_file = open(run.path / OUTPUT, "ab", buffering=0)
@@ -524,7 +534,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gputui.jobs.keeper", "--grace", str(cfg.stop_grace_s),
                  "--parent", str(os.getpid()), "--umask", f"{user_umask():o}", "--", *argv],
-                cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                cwd=str(workdir), env=env, stdin=None if reads_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE if len(streams) > 1 else subprocess.STDOUT,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 start_new_session=not sys.platform.startswith("linux"))
@@ -563,8 +573,16 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
                 if stop.is_set() and stopping_at is None:
                     stopping_at = time.monotonic()
                     _ask_to_stop(run, tree)
+                    if prompts is not None and prompts.waiting:  # it sees the stop only once it has its line
+                        emit(events.make("warning", reason="waiting_for_input", message=(
+                            "the program waits for a line typed here, and sees the stop only after it (it has "
+                            f"{units.duration(cfg.stop_grace_s)}): press Enter, or Ctrl-C again to end it now")))
                 if stopping_at is not None and time.monotonic() - stopping_at > cfg.stop_grace_s + 5:
                     tree.kill()  # the keeper itself did not end the program in its grace
+                if prompts is not None and awaiting is not None and not finished:
+                    said = prompts.check(tree.pids(), output_at[0])
+                    if said is not None:
+                        awaiting(said)
                 if tick is not None:
                     tick()
                 if not got:

@@ -97,6 +97,11 @@ class Tree:
             self._known = {p.pid: p for p in alive}
         return alive
 
+    def pids(self) -> list[int]:
+        """The processes of the tree as last read (no new look at the process table)."""
+        with self._lock:
+            return list(self._known)
+
     def send(self, sig: int) -> None:
         """`sig` to every live process of the tree, and to the group the root leads (if it leads one)."""
         if self.proc.returncode is None:  # not reaped: its pid is still its own, not a reused one

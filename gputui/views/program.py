@@ -59,6 +59,9 @@ class ProgramView:
         self._lock = threading.Lock()  # two pumps and the runner call in
         self.stdout: Any = None  # gputui's own stdout, once the live display has taken sys.stdout
         self._stdout_drawn = False  # gputui's stdout is the terminal the live display draws on
+        self._parked = False  # the status line is put away: the program waits for a typed line
+        self._on_prompt = False  # ... and the cursor is where the user types (on the prompt's line)
+        self._prompt: tuple[str, str] | None = None  # (stream, text) shown as the prompt: its line's start
 
     # -- what the runner gives ------------------------------------------------------------
     def program_streams(self) -> list[tuple[str, Callable[[bytes], None] | None]]:
@@ -87,6 +90,9 @@ class ProgramView:
         redrawn in place; off a terminal a redraw passes through as it came (text, then "\r"),
         and so does a stdout line when gputui's stdout is not that terminal (a cluster's rank 0
         under `> out.txt`: its node gives stdout and stderr as one stream)."""
+        if self._parked:
+            with self._lock:
+                self._unpark()
         if self.live is not None and (stream != "stdout" or self._stdout_drawn):
             if end != "\n":
                 text = clean(line.replace("\t", "    "))
@@ -97,7 +103,15 @@ class ProgramView:
                 if self.progress is not None and self.progress[0] == stream:
                     self.progress = None  # the line that ended it is printed now
                     self._dirty = True
-                self._held.append(clean(line.replace("\t", "    ")))
+                text = clean(line.replace("\t", "    "))
+                prompt = self._prompt
+                if prompt is not None and prompt[0] == stream:  # the line a prompt began ends
+                    self._prompt = None
+                    if text.startswith(prompt[1]):
+                        text = text[len(prompt[1]):]  # the prompt and what was typed are on the screen
+                        if not text.strip():
+                            return
+                self._held.append(text)
                 if len(self._held) >= PRINT_LINES or time.monotonic() - self._printed >= PRINT_S:
                     self._print_held()
             if self._dirty:
@@ -169,14 +183,61 @@ class ProgramView:
         elif kind == "warning":
             with self._lock:
                 self._print_held()  # the program's lines before it, in order
+                if self._parked and self._on_prompt:  # the cursor is where the user types
+                    self._on_prompt = False
+                    self._write("\n")
             self.console.print(_text(("warning: ", "yellow"), (event.get("message") or "", "")))
 
     def close(self) -> None:
+        with self._lock:
+            if self._parked and self._on_prompt:  # the cursor is where the user types
+                self._write("\n")
+            self._parked = self._on_prompt = False
         if self.live is not None:
             with self._lock:
                 self._print_held()
             self.live.stop()
             self.live = None
+
+    # -- a program that waits for a typed line (gputui.jobs.prompt) --------------------------
+    def awaiting_input(self, waiting: bool) -> None:
+        """The program waits for a line from the terminal (input(), a breakpoint()), or no longer
+        does: the status line is put away while it waits, and the prompt shown where the user
+        types, so what they type shows (each redraw of the status line erased it)."""
+        with self._lock:
+            if waiting:
+                self._park()
+            else:
+                self._unpark()
+
+    def _park(self) -> None:
+        """Lock held."""
+        if self.live is None or self._parked:
+            return
+        self._print_held()
+        self.live.stop()  # transient: the status line (and the line not yet ended) erased
+        self.live, self._parked, self._on_prompt = None, True, True
+        self._prompt, self.progress = self.progress, None
+        if self._prompt is not None:
+            self._write(self._prompt[1])
+
+    def _unpark(self) -> None:
+        """Lock held. The status line again, under the line the user ended (Enter)."""
+        if not self._parked:
+            return
+        from rich.live import Live
+
+        self._parked = self._on_prompt = False
+        self.live = Live(self._status(), console=self.console, auto_refresh=False, transient=True)
+        self.live.start()
+        self._drawn = time.monotonic()
+
+    def _write(self, text: str) -> None:
+        try:
+            self.console.file.write(text)
+            self.console.file.flush()
+        except (OSError, ValueError):
+            pass
 
     def _print_held(self) -> None:
         """The lines held, printed above the status line as one text: one redraw of the live
@@ -221,9 +282,11 @@ class ProgramView:
     def _draw(self) -> None:
         now = time.monotonic()
         self._dirty = True
-        if self.live is not None and now - self._drawn >= REFRESH_S:
-            self._drawn, self._dirty = now, False
-            self.live.update(self._status(), refresh=True)
+        with self._lock:  # not while the status line is put away (a prompt) or brought back
+            live = self.live
+            if live is not None and now - self._drawn >= REFRESH_S:
+                self._drawn, self._dirty = now, False
+                live.update(self._status(), refresh=True)
 
     def tick(self) -> None:
         """Print the lines held and draw what changed since the last draw (the runner calls it
@@ -299,6 +362,8 @@ class TerminalView:
     those events wait for the start (they were taken for a built-in net's, and a program on a
     cluster got the net's empty progress bar)."""
 
+    program_stdin = True  # a program reads the command's stdin (gputui.jobs.program)
+
     def __init__(self) -> None:
         self.inner: Any = None
         self.pending: list[dict[str, Any]] = []
@@ -328,6 +393,11 @@ class TerminalView:
         inner = self.inner
         if isinstance(inner, ProgramView):
             inner.tick()
+
+    def awaiting_input(self, waiting: bool) -> None:
+        inner = self.inner
+        if isinstance(inner, ProgramView):
+            inner.awaiting_input(waiting)
 
     def show(self, event: dict[str, Any]) -> None:
         kind = event.get("event")

@@ -51,6 +51,8 @@ class JsonView:
     written as they came (relayed text included, escaped); a relayed number that is not
     finite is written as null (gputui.model.events.typed), never as a line that is not JSON."""
 
+    program_stdin = True  # a program reads the command's stdin (gputui.jobs.program)
+
     def __init__(self) -> None:
         self.said_error = False  # an `error` event went out (bad input before the run says its own)
 
