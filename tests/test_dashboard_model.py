@@ -17,7 +17,7 @@ from gputui.cloud.sim import SimProvider, SimScript
 from gputui.dashboard.child import TrainingChild, run_argv
 from gputui.dashboard.demo import DEAD_HOST, DemoSource
 from gputui.dashboard.hosts import HostFeed
-from gputui.dashboard.setup import Backend, DashboardOptions, demo_public_key, resolve_profile
+from gputui.dashboard.setup import Backend, DashboardOptions, demo_public_key, list_profiles, resolve_profile
 from gputui.dashboard.slaves import BudgetRefusal, SlaveControl
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.model.errors import UserError
@@ -235,6 +235,33 @@ def test_a_run_refused_before_it_starts_leaves_no_directory_but_its_error_line(t
     child.start()
     assert child.wait() == 2 and child.last_error().startswith("gputui: error: --epochs 0")
     assert (kept / "stderr.log").is_file()
+
+
+def test_p_lists_the_profiles_of_the_current_directory_that_are_this_accounts(tmp_path: Path) -> None:
+    """`gputui` opened in a project folder: its train.toml beside train.py was not in `p`'s list
+    (only profiles/ was). Other TOML files (pyproject.toml, broken ones) and another account's
+    profiles in a shared directory are not listed."""
+    import os
+
+    (tmp_path / "train.toml").write_text('[run]\ncommand = ["python", "train.py"]\n')
+    (tmp_path / "hosts.toml").write_text('[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n')
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (tmp_path / "broken.toml").write_text("[run\n")
+    (tmp_path / "empty.toml").write_text("")
+    (tmp_path / "big.toml").write_text("[run]\n" + "# padding\n" * 30_000)
+    (tmp_path / "notes.txt").write_text("[run]\n")
+    listed = list_profiles(None, here=tmp_path)
+    assert [p.name for p in listed[:2]] == ["hosts.toml", "train.toml"]
+    assert {"pyproject.toml", "broken.toml", "empty.toml", "big.toml", "notes.txt"}.isdisjoint(p.name for p in listed)
+    assert (REPO / "profiles" / "local.toml").resolve() in listed  # the shipped ones follow
+    assert len(list_profiles(None, here=REPO / "profiles")) == len(set(list_profiles(None, here=REPO / "profiles")))
+    if os.getuid() == 0:  # root can give a file to another account
+        os.chown(tmp_path / "train.toml", 12345, 12345)
+        assert "train.toml" not in [p.name for p in list_profiles(None, here=tmp_path)]
+    chosen = tmp_path / "elsewhere" / "mine.toml"  # the current one is listed, wherever it is
+    chosen.parent.mkdir()
+    chosen.write_text("[run]\nepochs = 1\n")
+    assert list_profiles(chosen, here=tmp_path)[0] == chosen.resolve()
 
 
 def test_bad_dashboard_flags_are_one_line_errors(tmp_path: Path) -> None:

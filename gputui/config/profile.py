@@ -92,6 +92,21 @@ def parse_profile(text: str, path: Path | None = None, kept: bool = False) -> Pr
     return Profile(path=path, run=RunSettings(**run), tables=tables)
 
 
+PROFILE_LOOK_BYTES = 256 * 1024  # a TOML file larger than this is not looked into for a profile
+
+
+def looks_like_profile(path: Path) -> bool:
+    """Whether a file is a TOML document whose tables are all a profile's (pyproject.toml is not):
+    a quick look to list it, not a check (load_profile checks what is chosen)."""
+    try:
+        if not path.is_file() or path.stat().st_size > PROFILE_LOOK_BYTES:
+            return False
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return bool(doc) and all(name in PROFILE_SECTIONS for name in doc)
+
+
 def load_profile(path: Path) -> Profile:
     """Read and validate a profile file."""
     text = read_user_file(path, "profile", " (profiles ship in profiles/, e.g. profiles/local.toml)")

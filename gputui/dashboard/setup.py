@@ -71,9 +71,32 @@ def resolve_profile(path: Path | None) -> Path:
     return path.resolve()
 
 
-def list_profiles(current: Path | None = None) -> list[Path]:
-    """The profiles that ship in profiles/ (and the current one, wherever it is)."""
+HERE_LOOKED = 64  # at most this many *.toml files of the current directory are looked into
+
+
+def list_profiles(current: Path | None = None, here: Path | None = None) -> list[Path]:
+    """The profiles of the current directory (`here`: a project's own, e.g. train.toml beside
+    train.py; only files this account owns, never another account's in a shared directory), the
+    ones that ship in profiles/, and the current one, wherever it is."""
+    import os
+
+    from gputui.config.profile import looks_like_profile
+
     found = sorted(p.resolve() for p in profiles_dir().glob("*.toml")) if profiles_dir().is_dir() else []
+    try:
+        mine = sorted((Path.cwd() if here is None else here).glob("*.toml"))[:HERE_LOOKED]
+    except OSError:
+        mine = []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    own = []
+    for path in mine:
+        try:
+            ours = uid is None or path.stat().st_uid == uid
+        except OSError:
+            continue
+        if ours and path.resolve() not in found and looks_like_profile(path):
+            own.append(path.resolve())
+    found = own + found
     if current is not None and current.resolve() not in found:
         found.insert(0, current.resolve())
     return found
