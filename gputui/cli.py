@@ -189,7 +189,17 @@ def _main(argv: Sequence[str] | None) -> int:
     if program is not None and args.command == "run":
         args.program = program
     if unknown:  # say it with the usage of the command that was meant, not the top level's
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        said = f"unrecognized arguments: {' '.join(unknown)}"
+        if args.command == "run" and program is None and not unknown[0].startswith("-"):  # `gputui run python train.py`
+            import shlex
+
+            words = list(argv)
+            try:
+                at = words.index(unknown[0], words.index("run") + 1)  # the program, and all after it, are its own
+            except ValueError:  # pragma: no cover - an unknown word is one of the command's
+                at = len(words)
+            said += f" (your own program goes after --: gputui {shlex.join([*words[:at], '--', *words[at:]])})"
+        command_parser(parser, args).error(said)
     before_command(parser, args)
     if getattr(args, "handler", None) is None:  # no subcommand: the dashboard
         from gputui.commands.ui import cmd_ui

@@ -42,6 +42,21 @@ def test_an_unknown_flag_shows_the_subcommand_usage(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err.startswith("usage: gputui runs export ")
 
 
+@pytest.mark.parametrize("words, fix", [
+    (["run", "python", "train.py", "--lr", "0.1"], "gputui run -- python train.py --lr 0.1"),
+    (["--profile", "p.toml", "run", "--threads", "1", "python", "my train.py"],
+     "gputui --profile p.toml run --threads 1 -- python 'my train.py'"),
+])
+def test_a_program_without_its_dashes_is_shown_where_they_go(capsys: pytest.CaptureFixture[str], words: list[str],
+                                                              fix: str) -> None:
+    """`gputui run python train.py` said only "unrecognized arguments: python train.py" (and took
+    the program's --lr for the built-in net's)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(words)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"(your own program goes after --: {fix})")
+
+
 def test_help_and_version_hide_the_internal_worker() -> None:
     result = run_cli("--help")
     assert result.returncode == 0 and "run" in result.stdout
