@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gputui.dashboard.child import LOCAL_STOP_S, PROGRAM_STOP_MARGIN_S, TrainingChild
-from gputui.dashboard.output import MAX_LINE, TAIL_LINES, read_tail
+from gputui.runs.output import MAX_LINE, TAIL_LINES, read_tail
 from gputui.dashboard.training import TrainingState, event_line
 from gputui.runs.curves import MetricCurves, load_metrics, metric_order
 from gputui.ui.app import DashboardApp, create_app

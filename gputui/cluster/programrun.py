@@ -41,10 +41,10 @@ from gputui.model.lines import OUTPUT_LINE
 from gputui.model.text import clean, clean_tree
 from gputui.model.units import plural
 from gputui.runs.provenance import code_version
+from gputui.runs.store import CHECKPOINTS, OUTPUT
 
 MASTER_DIR = "node-master"  # the master's own node's run directory, inside the run directory
 CODE_DIR = "code"  # in a node's run directory: its copy of the workdir
-OUTPUT = "output.log"  # <run dir>/nodes/NAME/output.log
 TAIL_LINES = 400  # a node's last output lines kept for its failure's message
 # torchrun's line when a rank fails: "E1127 ... api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 19759) of binary: python"
 TORCHRUN_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+")
@@ -181,8 +181,6 @@ class ProgramAttempts(Attempts):
 
     @property
     def checkpoint_dir(self) -> Path:
-        from gputui.jobs.program import CHECKPOINTS
-
         return self.ctx.run.path / CHECKPOINTS
 
     # -- the run ---------------------------------------------------------------------------
@@ -284,7 +282,7 @@ class ProgramAttempts(Attempts):
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(settings)
             if resume:
-                ckpts.push(None, self.checkpoint_dir, str(run_dir / "checkpoints"))
+                ckpts.push(None, self.checkpoint_dir, str(run_dir / CHECKPOINTS))
             args = rdzv.program_args(rank, node.address, self._endpoint(node), cfg.command)
             node.proc = LocalNode(node.name, ctx.items, args, {**rdzv.env, TOKEN_ENV: rdzv.token}, cfg.stop_grace_s,
                                   flags=["--program-dir", str(run_dir)], cwd=str(workdir))
@@ -420,9 +418,9 @@ class ProgramAttempts(Attempts):
         if node is None:
             return
         if node.kind == "master":
-            source: Any = ckpts.LocalSource(ctx.run.path / MASTER_DIR / "checkpoints")
+            source: Any = ckpts.LocalSource(ctx.run.path / MASTER_DIR / CHECKPOINTS)
         elif node.conn is not None and node.boot is not None:
-            source = ckpts.RemoteSource(node.conn, f"{node.boot.run_dir(ctx.identity.slave_name)}/checkpoints")
+            source = ckpts.RemoteSource(node.conn, f"{node.boot.run_dir(ctx.identity.slave_name)}/{CHECKPOINTS}")
         else:
             return
         t0 = time.perf_counter()

@@ -31,9 +31,8 @@ from gputui.model.text import clean
 from gputui.runs import store as runs
 from gputui.runs.provenance import code_version
 
-OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written, but for `> out.txt`)
+OUTPUT, CHECKPOINTS = runs.OUTPUT, runs.CHECKPOINTS  # output.log, GPUTUI_CHECKPOINT_DIR (named in gputui.runs.store)
 REPORTED = "reported.jsonl"  # GPUTUI_EVENTS: the program appends its report lines here
-CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR
 STOP_FILE = "stop"  # GPUTUI_STOP_FILE: exists once gputui asked the run to stop
 MAX_REPORT_LINE = 64 * 1024  # bytes: a report line longer than this is dropped (and counted)
 MAX_VALUES = 64  # metrics in one report line; more are dropped (and counted)

@@ -25,6 +25,9 @@ CHECKPOINT = "ckpt.pt"
 MAX_CHECKPOINT = 64 << 20
 PIDFILE = "run.pid"  # line 1 the pid, line 2 its start time (/proc ticks), line 3 the profile it was started from
 STDERR = "stderr.log"  # a run started by the dashboard writes its stderr here (it may outlive the dashboard)
+# A run of the user's own program (gputui.jobs.program):
+OUTPUT = "output.log"  # the program's stdout and stderr, unchanged (in the order written, but for `> out.txt`)
+CHECKPOINTS = "checkpoints"  # GPUTUI_CHECKPOINT_DIR: the program's checkpoints (kept for --resume)
 
 
 @dataclass(frozen=True)

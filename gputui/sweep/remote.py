@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from gputui.model.errors import GputuiError, UserError
 from gputui.model.lines import LineSplitter, cut_marker
-from gputui.runs.store import CHECKPOINT, MAX_CHECKPOINT
+from gputui.runs.store import CHECKPOINT, CHECKPOINTS, MAX_CHECKPOINT
 from gputui.sweep import protocol
 from gputui.sweep.base import WorkerGone
 from gputui.sweep.hostcode import ProgramCode, Shipped, ship
@@ -43,7 +43,6 @@ EOF_SETTLE_S = 2.0  # after a worker's output ends: time for its exit status, or
 PID_TAG = "@@gputui-worker-pid "
 WATCH_INTERVAL_S = 2.0  # a cloud worker's spot watcher polls the metadata service this often
 _GPU_COUNT = "nvidia-smi --query-gpu=index --format=csv,noheader,nounits 2>/dev/null || true"
-PROGRAM_CHECKPOINTS = "checkpoints"  # a program's checkpoint directory in its run directory (gputui.jobs.program)
 
 
 @dataclass
@@ -301,16 +300,16 @@ class SSHHandle:
         try:
             Path(local).mkdir(parents=True, exist_ok=True)
             with self.host.files:
-                source = ckpts.RemoteSource(self.host.conn, f"{remote}/{PROGRAM_CHECKPOINTS}")
-                ckpts.pull(source, Path(local) / PROGRAM_CHECKPOINTS, ckpts.Pulled())
-            if _has_files(Path(local) / PROGRAM_CHECKPOINTS):
+                source = ckpts.RemoteSource(self.host.conn, f"{remote}/{CHECKPOINTS}")
+                ckpts.pull(source, Path(local) / CHECKPOINTS, ckpts.Pulled())
+            if _has_files(Path(local) / CHECKPOINTS):
                 self.pulled.append(local)
         except Exception as exc:  # noqa: BLE001 - no checkpoint back: the retry goes on from an older one, or the start
             from gputui.model.text import clean
 
             self.warnings.append(f"checkpoint of the trial in {remote} not pulled back from host {self.host.name} "
                                  f"({clean(str(exc) or type(exc).__name__, 300)}); the retry's checkpoint: "
-                                 f"{'the one pulled before' if _has_files(Path(local) / PROGRAM_CHECKPOINTS) else 'none'}")
+                                 f"{'the one pulled before' if _has_files(Path(local) / CHECKPOINTS) else 'none'}")
 
     def _push_checkpoint(self, local: str, remote: str) -> bool:
         """A retried trial's checkpoint (pulled back earlier) to its run directory on this host."""
@@ -335,13 +334,13 @@ class SSHHandle:
         from gputui.cluster import checkpoints as ckpts
         from gputui.cluster.sshnode import sh
 
-        source = Path(local) / PROGRAM_CHECKPOINTS
+        source = Path(local) / CHECKPOINTS
         if not _has_files(source):
             return False
         try:
             self.host.conn.check(f"mkdir -p {sh(remote)}", what="creating a trial's directory")
             with self.host.files:
-                return ckpts.push(self.host.conn, source, f"{remote}/{PROGRAM_CHECKPOINTS}") > 0
+                return ckpts.push(self.host.conn, source, f"{remote}/{CHECKPOINTS}") > 0
         except Exception:  # noqa: BLE001 - it starts from the beginning instead
             return False
 

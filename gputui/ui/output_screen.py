@@ -1,6 +1,6 @@
 """Key o: the output of the program's run on screen, its last lines, followed as it writes.
 
-A worker reads the tail of <run dir>/output.log (gputui.dashboard.output: bounded, a huge
+A worker reads the tail of <run dir>/output.log (gputui.runs.output: bounded, a huge
 line cut, control characters gone) and posts it; the screen draws it as plain Text, never
 markup (the program's text is data). The next read is scheduled when the last one's message
 has come, so reads never pile up; a file that did not change is not drawn again.
@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from gputui.dashboard.output import TAIL_LINES, OutputTail, read_tail
+from gputui.runs.output import TAIL_LINES, OutputTail, read_tail
 from gputui.model.text import clean
 
 READ_EVERY_S = 1.0

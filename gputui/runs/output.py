@@ -3,7 +3,7 @@
 The program writes what it likes: a gigabyte without a newline, control characters, text
 that looks like Rich markup. Only the file's last TAIL_BYTES are read, a line longer than
 MAX_LINE characters is cut (and says so), control characters go, and the lines are plain
-text for the dashboard to show as data (gputui.ui.output_screen), never markup.
+text to show as data (the dashboard's gputui.ui.output_screen, `gputui runs show`), never markup.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputui.jobs.program import OUTPUT  # the program's stdout and stderr, unchanged
+from gputui.runs.store import OUTPUT  # the program's stdout and stderr, unchanged
 from gputui.model.text import clean
 
 TAIL_LINES = 200
