@@ -1,5 +1,5 @@
-"""`gputui runs`: the list of past runs, `gputui runs export RUN_ID --csv` for their curves, and
-`gputui runs rm RUN_ID...` to remove runs.
+"""`gputui runs`: the list of past runs, `gputui runs show RUN_ID` for one in detail, `gputui runs
+export RUN_ID --csv` for their curves, and `gputui runs rm RUN_ID...` to remove runs.
 
 The records come from gputui.runs.history (no torch, no UI); ids, models, devices and error lines
 are data from the run directories, shown as Text (never markup) in the table."""
@@ -14,7 +14,7 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     runs = subparsers.add_parser(
-        "runs", help="list past runs; export a run's curves",
+        "runs", help="list past runs; show one, export its curves",
         description="List the runs in the default location (or --dir): id, start, model, device and strategy, "
         "epochs, best and final test accuracy, training time, cost (from the cost ledger) and state "
         "(done, interrupted, failed, running, or stopped: ended without a last event). "
@@ -35,6 +35,18 @@ def register(subparsers: Any) -> None:
     export.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
                         help="look RUN_ID up under DIR (default: the user data dir's runs)")
     export.set_defaults(handler=cmd_export)
+    show = actions.add_parser(
+        "show", help="one run in detail: its command, code, latest metrics, checkpoints, output",
+        description="One run in detail: its state, time and cost as `gputui runs` lists it, then its command "
+        "(or model) and where it ran, the code it ran (git), its [run] trial, its objective, the latest value of "
+        "each metric it reported, its checkpoints, the last lines of its output, and the command that goes on "
+        "from it. Reads only the ends of its files, however long the run.")
+    show.add_argument("run_id", metavar="RUN_ID", help="a run id from `gputui runs`, 'last', or a run directory")
+    show.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                      help="print it as one JSON document on stdout")
+    show.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
+                      help="look RUN_ID up under DIR (default: the user data dir's runs)")
+    show.set_defaults(handler=cmd_show)
     rm = actions.add_parser(
         "rm", help="remove past runs (their directories, checkpoints included)",
         description="Remove past runs: each run's directory under the runs' location (or --dir), its "
@@ -93,6 +105,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
     for r in doomed:
         history.delete_run(r.run)  # checked again just before: it may have been resumed since
         view.say(f"removed run {r.run.run_id} ({units.size(r.size)})")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from gputui.runs import detail
+    from gputui.views import cloud as view
+    from gputui.model.paths import runs_home
+
+    home = args.dir.expanduser() if getattr(args, "dir", None) is not None else runs_home()
+    shown = detail.detail(args.run_id, home)
+    if args.json:
+        view.print_json(shown.to_json())
+        return 0
+    sys.stdout.write("".join(line + "\n" for line in detail.text_lines(shown)))  # the command's output: stdout
     return 0
 
 

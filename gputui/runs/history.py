@@ -212,6 +212,15 @@ def list_runs(home: Path | None = None, ledger_path: Path | None = None, now: fl
     return sorted(out, key=lambda s: (s.started if s.started is not None else float("inf"), s.run_id))
 
 
+def summary_of(run: runs.RunDir, ledger_path: Path | None = None, now: float | None = None) -> RunSummary:
+    """One run's summary, as list_runs gives it (`gputui runs show`)."""
+    digest = summaries.read(run)
+    writing = runs.written_files([run.events]) if digest.unfinished else set()
+    statuses, costs = ledger_view(ledger_path, now)
+    return summarize(run, None, _running(run, writing) if digest.unfinished else False,
+                     statuses.get(run.run_id), costs.get(run.run_id), digest=digest)
+
+
 def _running(run: runs.RunDir, writing: set[Path] | None) -> bool | None:
     """Whether an unfinished run goes on: its run.pid's process is alive, or a process holds its
     event log open for writing (None: neither can be known here)."""
