@@ -14,7 +14,7 @@ from gputui.runs import store as runs
 from gputui.dashboard.setup import resolve_profile
 from gputui.ui.app import create_app
 from gputui.ui.events_panel import EventsLog
-from gputui.ui.runs_screen import AttachScreen, RunsScreen
+from gputui.ui.runs_screen import AttachScreen, RunDetailScreen, RunsScreen
 from gputui.ui.screens import ChoiceScreen
 from gputui.ui.training_actions import post_events
 from gputui.ui.training_panel import TrainingSummary
@@ -236,6 +236,15 @@ def test_runs_screen_lists_overlays_and_deletes_only_after_asking(gputui_home: P
         shown = screen_text(app)
         assert old.run_id in shown and new.run_id in shown and "98.86%" in shown and "done" in shown
         assert [s.run_id for s in screen.listed] == [new.run_id, old.run_id]  # newest first
+        await pilot.press("enter")  # the newest in detail, as `gputui runs show` says it
+        detail = app.screen
+        assert isinstance(detail, RunDetailScreen)
+        await wait_for(pilot, lambda: detail.lines is not None, 30, "the run's detail read")
+        assert detail.lines and detail.lines[0].startswith(f"run {new.run_id} · stopped")
+        assert f"  go on      gputui run --resume {new.run_id}" in detail.lines and new.run_id in screen_text(app)
+        assert any(line.startswith("  model      seed · ") for line in detail.lines)
+        await pilot.press("escape")
+        assert app.screen is screen
         await pilot.press("down")  # the older, finished run
         await pilot.press("space")
         assert list(app.overlay_runs) == [str(old.path)]

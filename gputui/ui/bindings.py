@@ -23,8 +23,8 @@ KEYS: tuple[Key, ...] = (
         "(gputui run --resume RUN --json)."),
     Key("a", "attach", "Attach", "Attach to a run going on this machine, whoever started it (gputui run in "
         "another terminal, a cluster run, a run kept running at quit): follow it, t stops it."),
-    Key("R", "runs", "Runs", "Past runs, as gputui runs lists them: lay runs over the curves (Space), resume one "
-        "(r), delete one (x, asks first).", "R"),
+    Key("R", "runs", "Runs", "Past runs, as gputui runs lists them: one in detail (Enter), lay runs over the "
+        "curves (Space), resume one (r), delete one (x, asks first).", "R"),
     Key("u", "launch_slave", "Slave up", "Launch one more spot slave now. The price and the budget effect go to the "
         "events log; refused with a message if it would break the budget."),
     Key("d", "terminate_selected", "Kill slave", "Terminate the slave selected in the cost panel, now."),

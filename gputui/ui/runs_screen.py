@@ -1,5 +1,5 @@
-"""The runs screen (key R): past runs as `gputui runs` lists them; pick runs to lay over the
-curves, resume one, or delete one (asks first). And the attach dialog (key a): the live runs
+"""The runs screen (key R): past runs as `gputui runs` lists them; see one in detail (Enter), pick
+runs to lay over the curves, resume one, or delete one (asks first). And the attach dialog (key a): the live runs
 on this machine, whoever started them.
 
 The lists are read in thread workers (a run's events, /proc, the cost ledger); the screens
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, OptionList, Static
@@ -33,6 +33,8 @@ from gputui.model.units import plural
 # Keys of the runs screen, shown in its footer.
 RUNS_KEYS: tuple[Key, ...] = (
     Key("space", "toggle_overlay", "Overlay", "Lay the selected run over the curves (again: take it off).", "Space"),
+    Key("enter", "details", "Details", "The selected run in detail: its command, code, latest metrics, "
+        "checkpoints and last output lines (as `gputui runs show`).", "Enter"),
     Key("r", "resume", "Resume", "Resume the selected run from its last checkpoint."),
     Key("x", "delete", "Delete", "Delete the selected run's directory (asks first).", "x"),
     Key("escape", "close", "Back", "Back to the dashboard (R too).", "Esc"),
@@ -135,6 +137,15 @@ class RunsScreen(Screen[None]):
         if setter is not None:
             setter(list(self.overlay))
 
+    def action_details(self) -> None:
+        s = self.selected()
+        if s is not None:
+            self.app.push_screen(RunDetailScreen(s.path))
+
+    def on_data_table_row_selected(self, event: Any) -> None:  # Enter on the table (its own key)
+        event.stop()
+        self.action_details()
+
     def action_resume(self) -> None:
         s = self.selected()
         if s is None:
@@ -184,6 +195,58 @@ class RunsScreen(Screen[None]):
             if setter is not None:
                 setter(list(self.overlay))
         self.reload()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class DetailRead(Message):
+    def __init__(self, lines: list[str], error: str | None) -> None:
+        super().__init__()
+        self.lines = lines
+        self.error = error
+
+
+class RunDetailScreen(ModalScreen[None]):
+    """One run in detail (Enter on the runs screen): gputui.runs.detail's lines, read in a worker
+    (the ends of the run's files only), drawn as plain Text."""
+
+    BINDINGS = [Binding("escape,enter,q", "close", "Close")]
+    DEFAULT_CSS = """
+    RunDetailScreen { align: center middle; background: $background 60%; }
+    RunDetailScreen > #run-detail { width: 96%; max-width: 140; height: auto; max-height: 90%; }
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+        self.lines: list[str] | None = None  # what was drawn (the tests read it)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="run-detail", classes="dialog"):
+            yield Label(Text(clean(f"run {Path(self.run_dir).name}   (Esc or Enter closes)")), classes="title")
+            yield Static(Text("reading ...", "dim"), id="run-detail-text")
+
+    def on_mount(self) -> None:
+        self.query_one("#run-detail").focus()
+        self.run_worker(self._work, name="run-detail", group="run-detail", thread=True, exit_on_error=False)
+
+    def _work(self) -> None:
+        from gputui.runs import detail
+
+        try:
+            lines = detail.text_lines(detail.detail(self.run_dir))
+        except (GputuiError, OSError) as exc:
+            self.post_message(DetailRead([], str(exc)))
+            return
+        self.post_message(DetailRead(lines, None))
+
+    def on_detail_read(self, message: DetailRead) -> None:
+        self.lines = message.lines
+        text = Text("\n".join(message.lines[1:])) if message.lines else Text(clean(message.error or ""), "red")
+        if message.lines:
+            self.query_one(".title", Label).update(Text(clean(message.lines[0]) + "   (Esc or Enter closes)"))
+        self.query_one("#run-detail-text", Static).update(text)
 
     def action_close(self) -> None:
         self.dismiss(None)
