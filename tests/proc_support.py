@@ -175,3 +175,43 @@ class Child:
         self.kill()
         for thread in self._threads:
             thread.join(5)
+
+
+class Terminal:
+    """A pseudo-terminal for a command to write on (`slave`), and what it wrote there (`screen`),
+    read as it comes by a daemon thread."""
+
+    def __init__(self) -> None:
+        import os
+        import pty
+
+        self._os = os
+        self.master, self.slave = pty.openpty()
+        self.screen = bytearray()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._os.read(self.master, 65536)
+            except OSError:  # EIO: the terminal's last writer has closed it
+                return
+            if not data:
+                return
+            self.screen.extend(data)
+
+    def close(self, bound: float = 30) -> bytes:
+        """Close this side's slave, wait (bounded) for the writers' side to close, and return the screen."""
+        self._os.close(self.slave)
+        self.reader.join(bound)
+        assert not self.reader.is_alive(), "the terminal was not closed after the command ended"
+        self._os.close(self.master)
+        return bytes(self.screen)
+
+
+def terminal_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` as a terminal's: TERM and COLUMNS set, no forced colours (Rich then asks the terminal)."""
+    out = {k: v for k, v in env.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    out.update(TERM="xterm", COLUMNS="100")
+    return out

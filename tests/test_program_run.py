@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from .conftest import cli_env
-from .proc_support import Child, wait_until
+from .proc_support import Child, Terminal, terminal_env, wait_until
 from .test_program_parts import EXAMPLE_REGEX
 
 pytestmark = pytest.mark.timeout(240)
@@ -437,35 +437,15 @@ def test_stdout_and_stderr_keep_the_order_they_were_written_in(tmp_path: Path, h
 def on_a_terminal(tmp_path: Path, stdout: Any) -> tuple[int, bytes]:
     """`gputui run -- python inter.py` with stderr on a pseudo-terminal (read as it comes) and
     stdout where the test says: its exit code and what the terminal got."""
-    import pty
-    import threading
-
     (tmp_path / "inter.py").write_text(INTERLEAVED)
-    master, slave = pty.openpty()
-    screen = bytearray()
-
-    def read_screen() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the terminal's last writer has closed it
-                return
-            if not data:
-                return
-            screen.extend(data)
-
-    reader = threading.Thread(target=read_screen, daemon=True)
-    reader.start()
-    env = {k: v for k, v in cli_env(TERM="xterm", COLUMNS="100").items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    terminal = Terminal()
     try:
         done = subprocess.run(argv("run", "--run-dir", str(tmp_path / "run"), "--", "python", "inter.py"),
-                              env=env, cwd=tmp_path, stdout=stdout, stderr=slave, stdin=subprocess.DEVNULL, timeout=180)
+                              env=terminal_env(cli_env()), cwd=tmp_path, stdout=stdout, stderr=terminal.slave,
+                              stdin=subprocess.DEVNULL, timeout=180)
     finally:
-        os.close(slave)
-    reader.join(30)
-    assert not reader.is_alive(), "the terminal was not closed after gputui ended"
-    os.close(master)
-    return done.returncode, bytes(screen)
+        screen = terminal.close()
+    return done.returncode, screen
 
 
 INTERLEAVED_STDOUT = "".join(f"out {i}\n" for i in range(300)).encode() + b"\xff\xfe not utf-8 " + b"x" * 200_000 \

@@ -10,7 +10,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -123,46 +122,30 @@ def test_a_process_reading_the_terminal_is_seen_and_one_reading_a_pipe_or_sleepi
 def test_input_on_a_terminal_gets_the_typed_line_and_shows_it_as_a_terminal_would(tmp_path: Path) -> None:
     """`gputui run -- python ask.py` on a terminal: input() got EOF (stdin was /dev/null); once it
     had the terminal, the status line's redraws erased what the user typed."""
-    import pty
-
     from .conftest import cli_env
+    from .proc_support import Terminal, terminal_env
 
-    master, slave = pty.openpty()
-    screen = bytearray()
-
-    def read_screen() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            screen.extend(data)
-
-    reader = threading.Thread(target=read_screen, daemon=True)
-    reader.start()
-    env = {k: v for k, v in cli_env(TERM="xterm", COLUMNS="100").items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    terminal = Terminal()
+    screen = terminal.screen
+    env = terminal_env(cli_env())
     code = "name = input('your name? ')\nprint('hello', name.upper(), flush=True)\n"
     run_dir = tmp_path / "run"
     child = subprocess.Popen([sys.executable, "-m", "gputui", "run", "--run-dir", str(run_dir), "--", "python", "-c",
-                              code], env=env, cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave)
+                              code], env=env, cwd=tmp_path, stdin=terminal.slave, stdout=terminal.slave,
+                             stderr=terminal.slave)
     try:
         deadline = time.monotonic() + 120
         while not (b"\x1b[?25h" in screen and screen.endswith(b"\x1b[2Kyour name? ")):  # cursor shown, prompt raw
             assert child.poll() is None, f"gputui ended before the prompt: {bytes(screen)[-2000:]!r}"
             assert time.monotonic() < deadline, f"the status line never stepped aside: {bytes(screen)[-2000:]!r}"
             time.sleep(0.05)
-        os.write(master, b"ann\n")
+        os.write(terminal.master, b"ann\n")
         assert child.wait(120) == 0, bytes(screen)[-2000:]
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(10)
-        os.close(slave)
-    reader.join(30)
-    os.close(master)
-    text = bytes(screen).decode(errors="replace")
+        text = terminal.close().decode(errors="replace")
     assert (run_dir / "output.log").read_text() == "your name? hello ANN\n"
     assert "your name? ann" in text  # the terminal's echo, right after the prompt
     assert "hello ANN" in text and "your name? hello" not in text  # the prompt's line not printed again

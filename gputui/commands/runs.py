@@ -30,10 +30,8 @@ def register(subparsers: Any) -> None:
         "step, epoch, elapsed_s, time, loss, l1, samples_per_s, lr, train_loss, test_loss, test_acc. "
         "A run of your own program (gputui run -- PROGRAM): one row per metrics event, "
         "elapsed_s, step, epoch, then a column for every metric it reported (first seen first).")
-    export.add_argument("run_id", metavar="RUN_ID", help="a run id from `gputui runs`, 'last', or a run directory")
+    one_run(export)
     export.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV to FILE (stdout without FILE)")
-    export.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
-                        help="look RUN_ID up under DIR (default: the user data dir's runs)")
     export.set_defaults(handler=cmd_export)
     show = actions.add_parser(
         "show", help="one run in detail: its command, code, latest metrics, checkpoints, output",
@@ -41,11 +39,9 @@ def register(subparsers: Any) -> None:
         "(or model) and where it ran, the code it ran (git), its [run] trial, its objective, the latest value of "
         "each metric it reported, its checkpoints, the last lines of its output, and the command that goes on "
         "from it. Reads only the ends of its files, however long the run.")
-    show.add_argument("run_id", metavar="RUN_ID", help="a run id from `gputui runs`, 'last', or a run directory")
+    one_run(show)
     show.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                       help="print it as one JSON document on stdout")
-    show.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
-                      help="look RUN_ID up under DIR (default: the user data dir's runs)")
     show.set_defaults(handler=cmd_show)
     rm = actions.add_parser(
         "rm", help="remove past runs (their directories, checkpoints included)",
@@ -58,6 +54,13 @@ def register(subparsers: Any) -> None:
     rm.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
                     help="the runs are under DIR (default: the user data dir's runs)")
     rm.set_defaults(handler=cmd_rm)
+
+
+def one_run(action: argparse.ArgumentParser) -> None:
+    """An action's RUN_ID and --dir (`gputui runs --dir D ACTION ID` works too)."""
+    action.add_argument("run_id", metavar="RUN_ID", help="a run id from `gputui runs`, 'last', or a run directory")
+    action.add_argument("--dir", type=Path, metavar="DIR", default=argparse.SUPPRESS,
+                        help="look RUN_ID up under DIR (default: the user data dir's runs)")
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
