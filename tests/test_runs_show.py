@@ -92,9 +92,11 @@ def test_the_latest_values_come_from_the_end_of_a_long_run(tmp_path: Path, monke
     assert (path / runs.EVENTS).stat().st_size > 4 * detail.EVENTS_TAIL
     starts: list[int] = []
     real = runs.iter_events
-    monkeypatch.setattr(runs, "iter_events", lambda path, start=0, end=None: (starts.append(start), real(path, start, end))[1])
+    monkeypatch.setattr(runs, "iter_events", lambda path, start=0, end=None: (starts.append((start, end)),
+                                                                              real(path, start, end))[1])
     d = detail.detail("20261207-120000-cccc", home)
-    assert starts == [(path / runs.EVENTS).stat().st_size - detail.EVENTS_TAIL]
+    size = (path / runs.EVENTS).stat().st_size
+    assert starts == [(size - detail.EVENTS_TAIL, size)]  # the tail as it was, however it grows
     assert d.step == 19_999 and d.metrics == {"loss": pytest.approx(1 / 20_000)}  # only the tail is read
     big = path / runs.OUTPUT
     big.write_bytes(b"x" * (3 * detail.OUTPUT_TAIL) + b"\n" + b"".join(b"end %d\n" % i for i in range(3)))

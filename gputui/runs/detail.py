@@ -99,7 +99,7 @@ def _latest(events: Path, program: bool) -> tuple[int | None, dict[str, float]]:
         return None, {}
     step: int | None = None
     latest: dict[str, float] = {}
-    for event in runs.iter_events(events, start=max(0, size - EVENTS_TAIL)):  # a torn first line is skipped
+    for event in runs.iter_events(events, max(0, size - EVENTS_TAIL), size):  # a torn first line is skipped
         kind = event.get("event")
         if program and (kind != "metrics" or outside.index(event.get("rank")) not in (None, 0)):
             continue  # a program's figures are rank 0's reports
