@@ -85,6 +85,22 @@ def test_an_interrupted_net_run_says_how_to_go_on(tmp_path: Path, capsys: pytest
     assert "output" not in text
 
 
+def test_a_cluster_runs_output_is_its_nodes_latest(tmp_path: Path) -> None:
+    """A cluster run of a program has no output.log of its own: each node writes nodes/NAME/output.log."""
+    import os
+
+    home = tmp_path / "runs"
+    path = write_run(home, "20261207-130000-dddd", program_events([{"loss": 1.0}]))
+    for name, when in (("slave-1", 1000), ("master", 2000)):
+        log = path / "nodes" / name / runs.OUTPUT
+        log.parent.mkdir(parents=True)
+        log.write_text(f"{name} line\n")
+        os.utime(log, (when, when))
+    d = detail.detail("last", home)
+    assert d.output == ["master line"] and d.output_path == str(path / "nodes" / "master" / runs.OUTPUT)
+    assert f"  output     the last 1 line of {d.output_path}:" in detail.text_lines(d)
+
+
 def test_the_latest_values_come_from_the_end_of_a_long_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "runs"
     values = [{"loss": 1.0 / (i + 1), "only_early": 1.0} if i < 10 else {"loss": 1.0 / (i + 1)} for i in range(20_000)]

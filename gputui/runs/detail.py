@@ -32,6 +32,7 @@ OUTPUT_TAIL = 64 * 1024  # ... and from the end of output.log
 OUTPUT_LINES = 10  # the output's last lines shown
 MAX_METRICS = 64  # metrics shown (a report line holds at most as many)
 FILES_COUNTED = 10_000  # files under checkpoints/ counted at most
+NODES_LOOKED = 256  # a cluster run's nodes whose output.log is looked at
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class RunDetail:
     checkpoint_files: int = 0
     checkpoint_bytes: int = 0
     output: list[str] = field(default_factory=list)  # the last lines of output.log, cleaned
+    output_path: str | None = None  # that file (a cluster run's: the node's that wrote last)
     next: str | None = None  # the command that goes on from the run (None: nothing to go on with)
 
     def to_json(self) -> dict[str, Any]:
@@ -61,6 +63,7 @@ def detail(ref: str, home: Path | None = None, ledger_path: Path | None = None) 
     step, metrics = _latest(run.events, program=summary.program is not None)
     files, size, where = _checkpoints(run, program=summary.program is not None)
     complete = summary.state == "done"  # a program's --resume would run it again: not offered
+    output = _output_file(run)
     return RunDetail(
         summary=summary,
         workdir=_text(profile.get("workdir")) if summary.program is not None else None,
@@ -68,9 +71,25 @@ def detail(ref: str, home: Path | None = None, ledger_path: Path | None = None) 
                if isinstance(v, (str, int, float, bool))} if isinstance(profile.get("trial"), dict) else {},
         step=step, metrics=metrics,
         checkpoint=where, checkpoint_files=files, checkpoint_bytes=size,
-        output=list(read_tail(run.path, OUTPUT_LINES, OUTPUT_TAIL).lines),
+        output=list(read_tail(output.parent, OUTPUT_LINES, OUTPUT_TAIL).lines) if output else [],
+        output_path=str(output) if output else None,
         next=None if complete or summary.state == "running" else f"gputui run --resume {_ref(run, home)}",
     )
+
+
+def _output_file(run: runs.RunDir) -> Path | None:
+    """The run's output.log; a cluster run's nodes each have theirs (nodes/NAME/output.log): the
+    one written to last. None where there is none."""
+    mine = run.path / runs.OUTPUT
+    if mine.is_file():
+        return mine
+    found = []
+    for node in sorted((run.path / "nodes").glob(f"*/{runs.OUTPUT}"))[:NODES_LOOKED]:
+        try:
+            found.append((node.stat().st_mtime, node))
+        except OSError:
+            continue
+    return max(found)[1] if found else None
 
 
 def _ref(run: runs.RunDir, home: Path | None) -> str:
@@ -200,7 +219,7 @@ def text_lines(d: RunDetail) -> list[str]:
         line("checkpoint", f"{d.checkpoint} ({what}{units.size(d.checkpoint_bytes)})")
     line("dir", s.path)
     if d.output:
-        line("output", f"the last {units.plural(len(d.output), 'line')} of {Path(s.path) / runs.OUTPUT}:")
+        line("output", f"the last {units.plural(len(d.output), 'line')} of {d.output_path}:")
         out.extend(f"    {text}" for text in d.output)
     if d.next:
         line("go on", d.next)
