@@ -115,17 +115,21 @@ def test_reports_are_paced_and_merged_never_lost() -> None:
     assert [r.step for r, _ in pacer.due(now=0.13, flush=True)] == [4]  # the end: whatever is held
 
 
-def test_a_merged_record_counts_the_reports_of_each_metric() -> None:
-    pacer = Pacer(per_s=10)
+def test_a_merged_record_counts_the_reports_of_the_objective() -> None:
+    pacer = Pacer(per_s=10, objective="acc")
     first = Record({"loss": 1.0}, step=1)
-    assert pacer.add(first, now=0.0) == [(first, 1)] and first.reports_of("loss") == 1
-    assert first.reports_of("acc") == 0
+    assert pacer.add(first, now=0.0) == [(first, 1)] and first.said is None  # alone: no count needed
     for record in (Record({"loss": 0.9, "acc": 0.1}), Record({"acc": 0.2}), Record({"acc": 0.3}),
                    Record({"loss": 0.8})):
         assert pacer.add(record, now=0.01) == []
     [(merged, count)] = pacer.due(now=0.2)
-    assert count == 4 and merged.values == {"loss": 0.8, "acc": 0.3}
-    assert (merged.reports_of("acc"), merged.reports_of("loss"), merged.reports_of("lr")) == (3, 2, 0)
+    assert count == 4 and merged.values == {"loss": 0.8, "acc": 0.3} and merged.said == 3
+    plain = Pacer(per_s=10)  # no objective: nothing counted
+    plain.add(Record({"acc": 0.1}), now=0.0)
+    plain.add(Record({"acc": 0.2}), now=0.01)
+    plain.add(Record({"acc": 0.3}), now=0.02)
+    [(merged, count)] = plain.due(now=0.2)
+    assert count == 2 and merged.said is None
 
 
 def test_ranks_are_paced_apart() -> None:

@@ -56,13 +56,7 @@ class Record:
     time: float | None = None  # Unix seconds, as the program said (checked against the clock before use)
     source: str = "report"
     checkpoint: bool = False  # the program says it has just written a checkpoint (report.log(checkpoint=True))
-    counts: dict[str, int] | None = None  # merged (Pacer): how many of its reports gave each metric
-
-    def reports_of(self, name: str) -> int:
-        """How many of the reports in this record gave `name` (a sweep counts its objective's)."""
-        if self.counts is not None:
-            return self.counts.get(name, 0)
-        return 1 if name in self.values else 0
+    said: int | None = None  # merged (Pacer with an objective): how many of its reports gave the objective
 
 
 class Reports:
@@ -148,11 +142,12 @@ class OutputMetrics:
 class Pacer:
     """Metrics events at most EVENTS_PER_S a second per rank: a report that comes sooner is
     merged into the next event (the latest value of each metric, the latest step and epoch;
-    `merged` counts the reports in it, and the merged record's `counts` those of each metric).
-    Nothing reported is lost for longer than one interval."""
+    `merged` counts the reports in it, and with an `objective` the merged record's `said` those that
+    gave it). Nothing reported is lost for longer than one interval."""
 
-    def __init__(self, per_s: float = EVENTS_PER_S) -> None:
+    def __init__(self, per_s: float = EVENTS_PER_S, objective: str | None = None) -> None:
         self.interval = 1.0 / per_s
+        self.objective = objective
         self.last: dict[int | None, float] = {}
         self.pending: dict[int | None, tuple[Record, int]] = {}
 
@@ -160,14 +155,15 @@ class Pacer:
         key = record.rank
         held = self.pending.pop(key, None)
         if held is not None:
-            counts = dict(held[0].counts) if held[0].counts is not None else dict.fromkeys(held[0].values, 1)
-            for name in record.values:
-                counts[name] = counts.get(name, 0) + 1
+            objective, said = self.objective, None
+            if objective is not None:  # a sweep's pruner counts the objective's reports (programs.Relay)
+                before = held[0].said if held[0].said is not None else int(objective in held[0].values)
+                said = before + (objective in record.values)
             merged = Record({**held[0].values, **record.values},
                             step=record.step if record.step is not None else held[0].step,
                             epoch=record.epoch if record.epoch is not None else held[0].epoch,
                             rank=record.rank, time=record.time, source=record.source,
-                            checkpoint=record.checkpoint or held[0].checkpoint, counts=counts)
+                            checkpoint=record.checkpoint or held[0].checkpoint, said=said)
             record, count = merged, held[1] + 1
         else:
             count = 1
@@ -473,7 +469,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
         start.update(version.fields())
     outputs = OutputMetrics(cfg.metrics_regex)
     reports = Reports()
-    pacer = Pacer()
+    pacer = Pacer(objective=cfg.objective or None)
     position: dict[str, int | None] = {"step": None, "epoch": None}
 
     def metrics(batch: list[tuple[Record, int]]) -> None:
@@ -488,9 +484,8 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
                 fields["rank"] = record.rank
             if count > 1:
                 fields["merged"] = count
-                said = record.reports_of(cfg.objective) if cfg.objective else 0
-                if said > 1:  # a sweep's pruner counts the objective's reports when they have no step
-                    fields["objective_reports"] = said
+                if record.said is not None and record.said > 1:  # a sweep's pruner counts them (step-less)
+                    fields["objective_reports"] = record.said
             if record.checkpoint:
                 fields["checkpoint"] = True
             emit(events.make("metrics", **{k: v for k, v in fields.items() if v is not None}))
