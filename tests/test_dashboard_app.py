@@ -199,6 +199,7 @@ def test_p_chooses_another_profile() -> None:
 
     async def scenario(pilot: Any) -> None:
         await pilot.press("p")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfileScreen), what="the profiles listed")
         screen = app.screen
         assert isinstance(screen, ProfileScreen)
         target = next(i for i, p in enumerate(screen.profiles) if p.name == "fast.toml")

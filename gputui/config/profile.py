@@ -92,7 +92,7 @@ def parse_profile(text: str, path: Path | None = None, kept: bool = False) -> Pr
     return Profile(path=path, run=RunSettings(**run), tables=tables)
 
 
-PROFILE_LOOK_BYTES = 256 * 1024  # a TOML file larger than this is not looked into for a profile
+PROFILE_LOOK_BYTES = 64 * 1024  # a TOML file larger than this is not looked into for a profile (a profile is a few KiB)
 
 
 def looks_like_profile(path: Path) -> bool:

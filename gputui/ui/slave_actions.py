@@ -166,7 +166,14 @@ class SlaveActions(DashboardBase):
                 self.cloud_disabled = None
                 self.poll_cloud()
 
-        self.push_screen(ProfileScreen(list_profiles(self.backend.profile), self.backend.profile), chosen)
+        current = self.backend.profile
+
+        def listed() -> None:  # the current directory's TOML files are looked into: not on the UI thread
+            found = list_profiles(current)
+            self.call_from_thread(self.push_screen, ProfileScreen(found, current), chosen)
+
+        self.run_worker(listed, name="profiles-list", group="profiles", thread=True, exclusive=True,
+                        exit_on_error=False)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
