@@ -168,9 +168,13 @@ class SlaveActions(DashboardBase):
 
         current = self.backend.profile
 
+        def show(found: list[Path]) -> None:
+            if not isinstance(self.screen, ProfileScreen):  # p pressed twice: one list
+                self.push_screen(ProfileScreen(found, current), chosen)
+
         def listed() -> None:  # the current directory's TOML files are looked into: not on the UI thread
             found = list_profiles(current)
-            self.call_from_thread(self.push_screen, ProfileScreen(found, current), chosen)
+            self.call_from_thread(show, found)
 
         self.run_worker(listed, name="profiles-list", group="profiles", thread=True, exclusive=True,
                         exit_on_error=False)
