@@ -38,7 +38,7 @@ def test_a_program_run_in_detail(tmp_path: Path, capsys: pytest.CaptureFixture[s
         make("done", exit_code=0, elapsed_s=3.0)) + [make("metrics", step=9, values={"loss": 9.0}, rank=1,
                                                           elapsed_s=3.0)],
         profile='[run]\ncommand = ["python", "train.py", "--lr", "{lr}"]\nworkdir = "/w"\n'
-                'trial = {lr = 0.01, tag = "fixed"}\n')
+                'trial = {lr = 0.01, tag = "fixed", note = "\\u001b]0;owned\\u0007x"}\n')
     (path / runs.OUTPUT).write_bytes(b"".join(b"line %d\n" % i for i in range(30))
                                      + b"\rtrain 1/3\rtrain 2/3\rtrain 3/3\n\x1b[2Jcleared?\n")
     ckpt = path / runs.CHECKPOINTS
@@ -46,7 +46,8 @@ def test_a_program_run_in_detail(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (ckpt / "a.pt").write_bytes(b"x" * 1000)
     (ckpt / "sub" / "b.pt").write_bytes(b"y" * 24)
     d = detail.detail("last", home)
-    assert d.summary.state == "done" and d.workdir == "/w" and d.trial == {"lr": 0.01, "tag": "fixed"}
+    assert d.summary.state == "done" and d.workdir == "/w"
+    assert d.trial == {"lr": 0.01, "tag": "fixed", "note": "x"}  # a string from the run: cleaned
     assert d.step == 2  # rank 1's step 9 is not the run's
     assert list(d.metrics) == ["evil", "val_acc", "loss"] and d.metrics["loss"] == 0.5  # the latest first, cleaned
     assert (d.checkpoint_files, d.checkpoint_bytes) == (2, 1024) and d.checkpoint == str(ckpt)
@@ -56,7 +57,7 @@ def test_a_program_run_in_detail(tmp_path: Path, capsys: pytest.CaptureFixture[s
     text = capsys.readouterr().out
     assert "\x1b" not in text
     for expected in ("run 20261207-100000-aaaa · done", "  program    python train.py --lr 0.01",
-                     "  code       git 1a2b3c4d5e with uncommitted changes", "  trial      lr=0.01 tag='fixed'",
+                     "  code       git 1a2b3c4d5e with uncommitted changes", "  trial      lr=0.01 tag='fixed' note='x'",
                      "  objective  val_acc (maximize): best 0.8 · last 0.8",
                      "  latest     step 2 · evil 1 · val_acc 0.8 · loss 0.5",
                      f"  checkpoint {ckpt} (2 files, 1 KiB)", "    train 3/3", "  curves     gputui runs export"):
@@ -65,7 +66,7 @@ def test_a_program_run_in_detail(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["runs", "show", "20261207-100000-aaaa", "--json", "--dir", str(home)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["summary"]["run_id"] == "20261207-100000-aaaa" and shown["metrics"]["val_acc"] == 0.8
-    assert shown["trial"] == {"lr": 0.01, "tag": "fixed"} and shown["next"] is None
+    assert shown["trial"] == {"lr": 0.01, "tag": "fixed", "note": "x"} and shown["next"] is None
 
 
 def test_an_interrupted_net_run_says_how_to_go_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,8 @@ def detail(ref: str, home: Path | None = None, ledger_path: Path | None = None) 
     return RunDetail(
         summary=summary,
         workdir=_text(profile.get("workdir")) if summary.program is not None else None,
-        trial={clean(str(k), 64): v for k, v in (profile.get("trial") or {}).items()
+        trial={clean(str(k), 64): clean(v, 200) if isinstance(v, str) else v
+               for k, v in (profile.get("trial") or {}).items()
                if isinstance(v, (str, int, float, bool))} if isinstance(profile.get("trial"), dict) else {},
         step=step, metrics=metrics,
         checkpoint=where, checkpoint_files=files, checkpoint_bytes=size,
@@ -224,7 +225,7 @@ def text_lines(d: RunDetail) -> list[str]:
     if d.next:
         line("go on", d.next)
     line("curves", f"gputui runs export {s.run_id} --csv")
-    return out
+    return [clean(text, 4000) for text in out]  # every line is data from the run (a path, a trial's string)
 
 
 def _figure(name: str, value: float, net: bool) -> str:
