@@ -11,7 +11,6 @@ files under checkpoints/. Everything read is data: text is cleaned before it is 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,6 @@ from gputui.model.text import clean
 from gputui.runs import history
 from gputui.runs import store as runs
 from gputui.runs.output import read_tail
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 (pyproject's tomli dependency)
-    import tomli as tomllib
 
 EVENTS_TAIL = 256 * 1024  # bytes read from the end of events.jsonl for the latest values
 OUTPUT_TAIL = 64 * 1024  # ... and from the end of output.log
@@ -59,7 +53,7 @@ def detail(ref: str, home: Path | None = None, ledger_path: Path | None = None) 
     """The run `ref` names (an id, `last`, a run directory: gputui.runs.store.find) in detail."""
     run = runs.find(ref, home, flag="runs show")
     summary = history.summary_of(run, ledger_path)
-    profile = _run_table(run.profile)
+    profile = history.run_table(run.profile)
     step, metrics = _latest(run.events, program=summary.program is not None)
     files, size, where = _checkpoints(run, program=summary.program is not None)
     complete = summary.state == "done"  # a program's --resume would run it again: not offered
@@ -97,17 +91,6 @@ def _ref(run: runs.RunDir, home: Path | None) -> str:
     from gputui.model.paths import runs_home
 
     return run.run_id if run.path.parent == (runs_home() if home is None else home) else str(run.path)
-
-
-def _run_table(path: Path) -> dict[str, Any]:
-    """The run's resolved profile's [run] table, as written (nothing there: empty)."""
-    try:
-        with open(path, "rb") as fh:
-            doc = tomllib.loads(fh.read(1 << 20).decode("utf-8", errors="replace"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-    table = doc.get("run")
-    return table if isinstance(table, dict) else {}
 
 
 def _latest(events: Path, program: bool) -> tuple[int | None, dict[str, float]]:

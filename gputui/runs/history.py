@@ -97,7 +97,7 @@ def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, 
     state, detail = _state(digest, writing, ledger_status)
     program = digest.program
     if program is None and not digest.has_start:  # not started yet: its profile says what it will run
-        command = _profile(run.profile).get("command")
+        command = run_table(run.profile).get("command")
         if isinstance(command, list) and command and all(isinstance(word, str) for word in command):
             program = shlex.join(command)
     if program is not None:  # the program's own: no model, no epochs to reach (a profile's are the defaults')
@@ -109,7 +109,7 @@ def summarize(run: runs.RunDir, events: Iterable[dict[str, Any]] | None = None, 
             objective_last=digest.objective_last, objective_best=digest.objective_best, epoch=digest.program_epoch,
             git_commit=digest.git_commit, git_dirty=digest.git_dirty)
     needs_profile = not all((digest.model, digest.device, digest.strategy, digest.epochs))
-    profile = _profile(run.profile) if needs_profile else {}  # a start event says it all: no file read
+    profile = run_table(run.profile) if needs_profile else {}  # a start event says it all: no file read
     return RunSummary(
         run_id=run.run_id,
         path=str(run.path),
@@ -371,7 +371,7 @@ def is_program_run(events_path: Path) -> bool:
     for raw in runs.iter_events(events_path):
         if raw.get("event") == "start":
             return isinstance(raw.get("program"), str)
-    return isinstance(_profile(events_path.parent / runs.PROFILE).get("command"), list)
+    return isinstance(run_table(events_path.parent / runs.PROFILE).get("command"), list)
 
 
 def metric_columns(events_path: Path, end: int | None = None) -> tuple[list[str], bool]:
@@ -529,10 +529,14 @@ def _size(path: Path) -> int:
 
 # -- small readers ---------------------------------------------------------------------------------
 
-def _profile(path: Path) -> dict[str, Any]:
-    """The [run] table of a run's profile.toml; empty if it cannot be read."""
+PROFILE_READ = 1 << 20  # bytes of a run's profile.toml read (gputui writes a few hundred)
+
+
+def run_table(path: Path) -> dict[str, Any]:
+    """The [run] table of a run's profile.toml (as gputui wrote it); empty if it cannot be read."""
     try:
-        table = tomllib.loads(path.read_text(encoding="utf-8")).get("run", {})
+        with open(path, "rb") as fh:
+            table = tomllib.loads(fh.read(PROFILE_READ).decode("utf-8")).get("run", {})
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return {}
     return table if isinstance(table, dict) else {}
