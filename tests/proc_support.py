@@ -10,6 +10,7 @@ child that writes much to an unread stderr blocks for ever.)
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -182,10 +183,8 @@ class Terminal:
     read as it comes by a daemon thread."""
 
     def __init__(self) -> None:
-        import os
         import pty
 
-        self._os = os
         self.master, self.slave = pty.openpty()
         self.screen = bytearray()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -194,7 +193,7 @@ class Terminal:
     def _read(self) -> None:
         while True:
             try:
-                data = self._os.read(self.master, 65536)
+                data = os.read(self.master, 65536)
             except OSError:  # EIO: the terminal's last writer has closed it
                 return
             if not data:
@@ -203,10 +202,10 @@ class Terminal:
 
     def close(self, bound: float = 30) -> bytes:
         """Close this side's slave, wait (bounded) for the writers' side to close, and return the screen."""
-        self._os.close(self.slave)
+        os.close(self.slave)
         self.reader.join(bound)
         assert not self.reader.is_alive(), "the terminal was not closed after the command ended"
-        self._os.close(self.master)
+        os.close(self.master)
         return bytes(self.screen)
 
 

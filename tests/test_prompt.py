@@ -10,13 +10,14 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gputui.jobs import prompt
 from gputui.model.events import make
+
+from .proc_support import wait_until
 
 LINUX = sys.platform.startswith("linux") and platform.machine().lower() in prompt.READ_SYSCALL
 
@@ -100,13 +101,9 @@ def test_a_process_reading_the_terminal_is_seen_and_one_reading_a_pipe_or_sleepi
              for name, argv, stdin in (("tty", ["cat"], slave), ("pipe", ["cat"], read_end),
                                        ("sleep", ["sleep", "60"], slave))}
     try:
-        deadline = time.monotonic() + 30
-        while not prompt.reads_terminal(procs["tty"].pid, tty, nr):
-            assert time.monotonic() < deadline, "cat never seen in a read of the terminal"
-            time.sleep(0.02)
-        while not Path(f"/proc/{procs['pipe'].pid}/syscall").read_text().startswith(f"{nr} "):
-            assert time.monotonic() < deadline, "cat never seen in a read of its pipe"
-            time.sleep(0.02)
+        wait_until(lambda: prompt.reads_terminal(procs["tty"].pid, tty, nr), 30, "cat in a read of the terminal")
+        wait_until(lambda: Path(f"/proc/{procs['pipe'].pid}/syscall").read_text().startswith(f"{nr} "), 30,
+                   "cat in a read of its pipe")
         assert not prompt.reads_terminal(procs["pipe"].pid, tty, nr)  # a read, of another file
         assert not prompt.reads_terminal(procs["sleep"].pid, tty, nr)  # the terminal, not read
         assert not prompt.reads_terminal(2 ** 22 + 1, tty, nr)  # no such process
@@ -134,11 +131,12 @@ def test_input_on_a_terminal_gets_the_typed_line_and_shows_it_as_a_terminal_woul
                               code], env=env, cwd=tmp_path, stdin=terminal.slave, stdout=terminal.slave,
                              stderr=terminal.slave)
     try:
-        deadline = time.monotonic() + 120
-        while not (b"\x1b[?25h" in screen and screen.endswith(b"\x1b[2Kyour name? ")):  # cursor shown, prompt raw
+        def prompt_shown() -> bool:  # the cursor shown, the prompt written raw after it
             assert child.poll() is None, f"gputui ended before the prompt: {bytes(screen)[-2000:]!r}"
-            assert time.monotonic() < deadline, f"the status line never stepped aside: {bytes(screen)[-2000:]!r}"
-            time.sleep(0.05)
+            return b"\x1b[?25h" in screen and screen.endswith(b"\x1b[2Kyour name? ")
+
+        wait_until(prompt_shown, 120, "the status line to step aside for the prompt",
+                   detail=lambda: repr(bytes(screen)[-2000:]))
         os.write(terminal.master, b"ann\n")
         assert child.wait(120) == 0, bytes(screen)[-2000:]
     finally:
