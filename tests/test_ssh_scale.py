@@ -177,6 +177,28 @@ def test_a_poll_channel_that_dies_mid_poll_is_answered_and_replaced(sshd_factory
         server.stop()
 
 
+def test_poll_channels_cut_off_mid_stream_never_take_their_connection(sshd_factory: SshdFactory, tmp_path: Path) -> None:
+    """A host that never stops talking: each poll is cut off by the output cap and its channel
+    closed while data still streams in. Through Channel.fileno()'s pipe that close raced paramiko's
+    transport thread, which then wrote to a closed descriptor and ended the connection (within
+    about 30 polls here, every time); the reader's signal holds no descriptor."""
+    flood = wrapped_server(sshd_factory, tmp_path / "flood", "r535-a100x8", 'exec yes "0, NVIDIA H100, 100, 80"')
+    spec = HostSpec(name="flood", address="127.0.0.1", port=flood.port, user="root", identity_file=sshd_factory.user_key,
+                    connect_timeout=30.0, command_timeout=30.0)
+    source = SshSource([spec], options(tmp_path, flood))
+    host = source.hosts[0]
+    host.max_bytes = 16 << 10  # cut off soon: many polls, each closed mid-stream
+    try:
+        for i in range(120):
+            (snap,) = source.poll(settle=True)
+            assert snap.state == HostState.ERROR and (snap.message or "").startswith("output over 16 KiB"), (i, snap.message)
+            assert host.attempts == 1, f"poll {i}: the connection was lost ({snap.message})"
+        assert host.loops_opened == 120
+    finally:
+        source.close()
+        flood.stop()
+
+
 def test_the_output_caps_hold_on_the_poll_channel_in_a_round(sshd_factory: SshdFactory, many: Sshd, tmp_path: Path) -> None:
     flood = wrapped_server(sshd_factory, tmp_path / "flood", "r535-a100x8", 'exec yes "0, NVIDIA H100, 100, 80"')
     long_line = wrapped_server(sshd_factory, tmp_path / "long", "r535-a100x8", "head -c 200000 /dev/zero | tr '\\0' x; exit 0")

@@ -3,11 +3,16 @@ that block (connecting, opening a channel, sending a request), and one reader th
 waits on every host's open poll channel at once, so a host whose answer is slow or never
 comes holds no thread while the others are read.
 
-The reader watches paramiko channels through their `fileno()` (a pipe paramiko sets while the
-channel has data or is closed) with a selector, and runs each channel's callback in its own
-thread when it is readable, and timers at their deadlines. Callbacks must not block. A watched
-channel is closed by the reader only (`forget`): closing it elsewhere would close the file
-descriptor the selector still holds.
+The reader learns that a channel has data (or has closed) from a small signal it puts on the
+channel's input buffer (paramiko's BufferedPipe.set_event, which paramiko's transport thread
+sets as data comes and a read that empties the buffer clears), and runs each channel's callback
+in its own thread, and timers at their deadlines. Callbacks must not block.
+
+It does not use `Channel.fileno()`: that pipe is written by paramiko's transport thread with no
+lock against `Channel.close()` (paramiko issues #1700 and #2271), so closing a channel while its
+host still streams output (a poll cut off by the output caps) could make the transport thread
+write to a closed descriptor, which ends the whole connection ("Bad file descriptor"), or to a
+descriptor the process has since opened for something else. The signal holds no descriptor.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import itertools
 import logging
 import os
 import queue
-import selectors
 import threading
 import time
 from typing import Any, Callable
@@ -115,44 +119,74 @@ class Pool:
             self._threads, self._idle, self._queued = [], 0, 0  # a later job starts a new worker
 
 
+class _Signal:
+    """What a watched channel's input buffer sets and clears in place of a threading.Event
+    (in paramiko's transport thread, or in the thread reading the channel)."""
+
+    __slots__ = ("_reader", "_key")
+
+    def __init__(self, reader: "Reader", key: int) -> None:
+        self._reader, self._key = reader, key
+
+    def set(self) -> None:
+        self._reader._mark(self._key, True)
+
+    def clear(self) -> None:
+        self._reader._mark(self._key, False)
+
+
 class Reader:
     """One daemon thread reading every watched channel (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._orders: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        self._cond = threading.Condition()  # guards everything below; never held while calling paramiko
+        self._keys = itertools.count()
+        self._watched: dict[int, tuple[Any, Callable[[], None]]] = {}  # key -> (channel, callback)
+        self._key_of: dict[int, int] = {}  # id(channel) -> key, for the watched channels (held above)
+        self._ready: set[int] = set()  # watched keys whose channel has data or has closed
+        self._closing: list[Any] = []  # forgotten channels, closed by the reader thread
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._watched: dict[int, tuple[Any, Callable[[], None], int]] = {}  # id(channel) -> (channel, callback, fd)
         self._thread = threading.Thread(target=self._run, name="gputui-ssh-reader", daemon=True)
         self._thread.start()
 
     def watch(self, channel: Any, on_readable: Callable[[], None]) -> None:
         """Call `on_readable` (in the reader thread) whenever `channel` has data or is closed."""
-        self._order("watch", channel, on_readable)
+        with self._cond:
+            if id(channel) in self._key_of:
+                return
+            key = self._key_of[id(channel)] = next(self._keys)
+            self._watched[key] = (channel, on_readable)
+        channel.in_buffer.set_event(_Signal(self, key))  # set at once if data came already
 
     def forget(self, channel: Any) -> None:
         """Stop watching `channel` and close it (in the reader thread)."""
-        self._order("forget", channel, None)
+        with self._cond:
+            key = self._key_of.pop(id(channel), None)
+            if key is not None:
+                del self._watched[key]
+                self._ready.discard(key)
+            self._closing.append(channel)
+            self._cond.notify()
 
     def at(self, deadline: float, callback: Callable[[], None]) -> None:
         """Call `callback` (in the reader thread) once time.monotonic() passes `deadline`."""
-        self._order("at", deadline, callback)
+        with self._cond:
+            heapq.heappush(self._timers, (deadline, next(self._seq), callback))
+            self._cond.notify()
 
     @property
     def watching(self) -> int:
-        return len(self._watched)
+        with self._cond:
+            return len(self._watched)
 
-    def _order(self, what: str, a: Any, b: Any) -> None:
-        self._orders.put((what, a, b))
-        try:
-            os.write(self._wake_w, b"!")
-        except BlockingIOError:  # the pipe is full: the reader is already due to wake
-            pass
+    def _mark(self, key: int, ready: bool) -> None:
+        with self._cond:
+            if not ready:
+                self._ready.discard(key)
+            elif key in self._watched and key not in self._ready:  # a forgotten channel's late data is nobody's
+                self._ready.add(key)
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -162,55 +196,41 @@ class Reader:
                 log.exception("gputui-ssh-reader")
 
     def _turn(self) -> None:
-        timeout = None
-        if self._timers:
-            timeout = max(0.0, self._timers[0][0] - time.monotonic())
-        events = self._selector.select(timeout)
-        self._take_orders()  # before the events: a request is always expected before its answer arrives
-        for key, _ in events:
-            if key.data is None:
-                continue
-            watched = self._watched.get(key.data)
-            if watched is not None:
-                self._call(watched[1])
-        now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            _, _, callback = heapq.heappop(self._timers)
+        with self._cond:
+            while not self._ready and not self._closing and not self._due():
+                self._cond.wait(max(0.0, self._timers[0][0] - time.monotonic()) if self._timers else None)
+            closing, self._closing = self._closing, []
+            calls = [(key, self._watched[key][1]) for key in sorted(self._ready)]
+            due = []
+            while self._due():
+                due.append(heapq.heappop(self._timers)[2])
+        for channel in closing:
+            try:
+                channel.close()
+            except Exception:  # noqa: BLE001 - closing a channel of a dead transport
+                pass
+        for key, callback in calls:  # a channel that still has data after its callback is called again next turn
+            if self._still(key) and not self._call(callback):
+                self._mark(key, False)  # not again until more comes (the request's deadline ends it), never a spin
+        for callback in due:
             self._call(callback)
 
-    def _take_orders(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                what, a, b = self._orders.get_nowait()
-            except queue.Empty:
-                return
-            if what == "at":
-                heapq.heappush(self._timers, (a, next(self._seq), b))
-            elif what == "watch":
-                if id(a) not in self._watched:
-                    fd = a.fileno()
-                    self._watched[id(a)] = (a, b, fd)
-                    self._selector.register(fd, selectors.EVENT_READ, id(a))
-            elif what == "forget":
-                watched = self._watched.pop(id(a), None)
-                if watched is not None:
-                    self._selector.unregister(watched[2])
-                try:
-                    a.close()
-                except Exception:  # noqa: BLE001 - closing a channel of a dead transport
-                    pass
+    def _due(self) -> bool:
+        return bool(self._timers) and self._timers[0][0] <= time.monotonic()
+
+    def _still(self, key: int) -> bool:
+        """Whether the channel of `key` is still watched (an earlier callback of this turn may have forgotten it)."""
+        with self._cond:
+            return key in self._watched
 
     @staticmethod
-    def _call(callback: Callable[[], None]) -> None:
+    def _call(callback: Callable[[], None]) -> bool:
         try:
             callback()
         except Exception:  # noqa: BLE001
             log.exception("gputui-ssh-reader: a callback failed")
+            return False
+        return True
 
 
 _reader: Reader | None = None
