@@ -8,7 +8,6 @@ It also works for a master behind NAT: the slave never connects to the master.
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 from typing import Any
@@ -18,7 +17,12 @@ LOOPBACK = "127.0.0.1"
 
 
 def _pump(channel: Any, target_port: int) -> None:
-    """Copy bytes both ways between one forwarded channel and the master's local port."""
+    """Copy bytes both ways between one forwarded channel and the master's local port, until
+    either side ends (then both are closed): the master's port to the channel in a thread of its
+    own, the channel to the port in this one. Blocking reads on both, never select() on the
+    channel: Channel.fileno()'s pipe is written by paramiko's transport thread with no lock
+    against Channel.close() (paramiko #1700, #2271), so closing a channel the slave still sends
+    on could end the whole SSH connection (the slave's run with it)."""
     try:
         sock = socket.create_connection((LOOPBACK, target_port), timeout=10)
     except OSError as exc:
@@ -26,27 +30,32 @@ def _pump(channel: Any, target_port: int) -> None:
         channel.close()
         return
     sock.settimeout(None)
-    try:
-        while True:
-            ready, _, _ = select.select([sock, channel], [], [], 30)
-            if sock in ready:
-                data = sock.recv(65536)
-                if not data:
-                    break
+    channel.settimeout(None)
+
+    def down() -> None:  # the master's port -> the slave
+        try:
+            while data := sock.recv(65536):
                 channel.sendall(data)
-            if channel in ready:
-                data = channel.recv(65536)
-                if not data:
-                    break
-                sock.sendall(data)
-            if not ready and (channel.closed or channel.get_transport() is None
-                              or not channel.get_transport().is_active()):
-                break
+        except (OSError, EOFError) as exc:
+            log.debug("tunnel to port %d: %s", target_port, exc)
+        finally:
+            channel.close()  # wakes the other direction's recv (it gets b"")
+
+    other = threading.Thread(target=down, name=threading.current_thread().name + "-down", daemon=True)
+    other.start()
+    try:
+        while data := channel.recv(65536):  # b"" at the channel's end, or its connection's
+            sock.sendall(data)
     except (OSError, EOFError) as exc:
         log.debug("tunnel to port %d closed: %s", target_port, exc)
     finally:
-        sock.close()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the other direction's recv
+        except OSError:
+            pass
         channel.close()
+        other.join(10)
+        sock.close()
 
 
 class ReverseForward:

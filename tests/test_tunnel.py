@@ -1,0 +1,92 @@
+"""The reverse tunnel a slave reaches the rendezvous store through (gputui.cluster.tunnel),
+against a real sshd on loopback: bytes go both ways, and one forwarded connection ending never
+ends the SSH connection the slave's run is on."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gputui.cluster.sshnode import SlaveConnection
+from gputui.config.hosts import HostSpec
+from tests.cluster_fixture import trust
+from tests.sshd_fixture import SshdFactory, no_agent, sshd_factory  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("no_agent")
+
+# The slave's side: connect to the forwarded port ROUNDS times; each time say hello, read the
+# master's answer, then send without pause until the connection is closed under it (the master
+# closes it while the bytes still come).
+SLAVE = r"""
+import socket, sys
+port, rounds = int(sys.argv[1]), int(sys.argv[2])
+for i in range(rounds):
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(b"hello %d\n" % i)
+    answer = s.recv(64)
+    assert answer == b"ok %d\n" % i, answer
+    try:
+        while True:
+            s.sendall(b"x" * 65536)
+    except OSError:
+        pass
+    s.close()
+print("slave done", flush=True)
+"""
+
+ROUNDS = 40
+
+
+def test_forwarded_connections_closed_mid_stream_never_end_the_ssh_connection(sshd_factory: SshdFactory,
+                                                                              gputui_home: Path) -> None:
+    """The master's side of each forwarded connection closes while the slave still sends. Through
+    select() on the channel (Channel.fileno()'s pipe) that close raced paramiko's transport thread
+    (paramiko #1700, #2271), which then wrote to a closed descriptor and ended the whole SSH
+    connection: the slave's run, its output and its exit status with it."""
+    server = sshd_factory(None)
+    trust(gputui_home, server)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(120)
+    served: list[bytes] = []
+
+    def master_side() -> None:  # the rendezvous store's stand-in: answer the hello, then hang up
+        try:
+            for _ in range(ROUNDS):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.settimeout(60)
+                    hello = b""
+                    while not hello.endswith(b"\n"):
+                        hello += conn.recv(64)
+                    served.append(hello)
+                    conn.sendall(hello.replace(b"hello", b"ok"))
+                    conn.recv(1024)  # the stream has begun: close under it
+        except OSError as exc:
+            served.append(f"master side failed: {exc}".encode())
+
+    thread = threading.Thread(target=master_side, daemon=True)
+    thread.start()
+    node = SlaveConnection(HostSpec("n0", server.address, server.port, "root", sshd_factory.user_key,
+                                    connect_timeout=30.0)).open_or_raise()
+    try:
+        forward = node.forward_to_master(listener.getsockname()[1])
+        channel = node.open(f"{shlex.quote(sys.executable)} -c {shlex.quote(SLAVE)} {forward.port} {ROUNDS}")
+        assert channel.status_event.wait(180), "the slave's script did not end within 180 s"
+        output = b""
+        while chunk := channel.recv(65536):
+            output += chunk
+        assert channel.recv_exit_status() == 0, output.decode(errors="replace")[-2000:]
+        assert output.strip().endswith(b"slave done"), output[-2000:]
+        assert served == [b"hello %d\n" % i for i in range(ROUNDS)], served[-3:]
+        transport = node.transport()
+        assert transport is not None and transport.is_active(), "the SSH connection ended"
+        assert node.check("echo still here", 60, "a command after the tunnels").strip() == "still here"
+    finally:
+        node.close()
+        listener.close()
+        thread.join(30)
