@@ -142,3 +142,22 @@ def test_the_dashboard_takes_the_quiet_driver_only_where_textual_would_take_its_
     assert app.get_driver_class() is QuietLinuxDriver
     monkeypatch.setattr(App, "get_driver_class", lambda self: HeadlessDriver)  # a browser's (textual-serve) or a test's
     assert app.get_driver_class() is HeadlessDriver
+
+
+def test_the_wake_event_writes_nowhere_once_closed_even_where_its_numbers_are_reused() -> None:
+    from gputui.ui.driver import _WakingEvent
+
+    event = _WakingEvent()
+    event.close()
+    pipes = [os.pipe() for _ in range(4)]  # the lowest free numbers: the closed ones among them
+    try:
+        event.set()  # as a late set() from another thread would
+        assert event.is_set()
+        for read_fd, _ in pipes:
+            os.set_blocking(read_fd, False)
+            with pytest.raises(BlockingIOError):
+                os.read(read_fd, 1)  # nothing was written to another file
+    finally:
+        for pair in pipes:
+            for fd in pair:
+                os.close(fd)

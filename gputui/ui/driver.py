@@ -33,16 +33,18 @@ class _WakingEvent(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.read_fd, self.write_fd = os.pipe()
+        self._fd_lock = threading.Lock()  # a set() racing close() never writes to a closed (or reused) number
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self.write_fd, False)
 
     def set(self) -> None:
         super().set()
-        if self.write_fd >= 0:
-            try:
-                os.write(self.write_fd, b"\0")
-            except OSError:  # the pipe is full: the thread wakes anyway
-                pass
+        with self._fd_lock:
+            if self.write_fd >= 0:
+                try:
+                    os.write(self.write_fd, b"\0")
+                except OSError:  # the pipe is full: the thread wakes anyway
+                    pass
 
     def drain(self) -> None:
         try:
@@ -52,10 +54,11 @@ class _WakingEvent(threading.Event):
             pass
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
+        with self._fd_lock:
+            fds, self.read_fd, self.write_fd = (self.read_fd, self.write_fd), -1, -1  # a later set() writes nowhere
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)
-        self.read_fd = self.write_fd = -1  # a later set() writes nowhere (the number may be another file's by then)
 
 
 def wait_s(parser: Any, now: float) -> float | None:
