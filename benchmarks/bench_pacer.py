@@ -11,9 +11,7 @@ merged record). Prints the medians in microseconds a report and each one's ratio
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,19 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import gputui.jobs.program as new  # noqa: E402
-
-
-def old_module(rev: str, folder: Path) -> Any:
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:gputui/jobs/program.py"], check=True,
-                            capture_output=True, text=True).stdout
-    path = folder / "old_program.py"
-    path.write_text(source, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("old_program", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["old_program"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from oldcode import module_at  # noqa: E402 - beside this script
 
 
 def per_report(module: Any, objective: str | None, n: int = 100_000) -> float:
@@ -55,7 +41,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gputui-bench-pacer-") as top:
-        old = old_module(args.old, Path(top))
+        old = module_at(args.old, "gputui/jobs/program.py", Path(top))
         sides = {"old": (old, None), "new": (new, None), "new+objective": (new, "acc")}
         times: dict[str, list[float]] = {name: [] for name in sides}
         for k in range(args.rounds):

@@ -12,7 +12,6 @@ the medians, and each new figure's ratio to the old. --hogs N runs N busy loops 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import socket
 import statistics
@@ -22,7 +21,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -30,21 +28,10 @@ sys.path.insert(0, str(REPO))
 import paramiko  # noqa: E402
 
 import gputui.cluster.tunnel as new  # noqa: E402
+from oldcode import module_at  # noqa: E402 - beside this script
 from tests.sshd_fixture import SshdFactory  # noqa: E402
 
 SMALL, TRIPS, BULK = 64, 500, 16 << 20
-
-
-def old_module(rev: str, folder: Path) -> Any:
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:gputui/cluster/tunnel.py"], check=True,
-                            capture_output=True, text=True).stdout
-    path = folder / "old_tunnel.py"
-    path.write_text(source, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("old_tunnel", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def echo_server() -> int:
@@ -114,7 +101,7 @@ def main() -> int:
             transport = client.get_transport()
             assert transport is not None
             target = echo_server()
-            sides = {"old": old_module(args.old, Path(top)), "new": new}
+            sides = {"old": module_at(args.old, "gputui/cluster/tunnel.py", Path(top)), "new": new}
             forwards = {name: module.ReverseForward(transport, target, f"bench-{name}") for name, module in sides.items()}
             for _ in range(args.hogs):
                 hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
