@@ -90,3 +90,78 @@ def test_forwarded_connections_closed_mid_stream_never_end_the_ssh_connection(ss
         node.close()
         listener.close()
         thread.join(30)
+
+
+HOLDER = r"""
+import socket, sys, time
+port = int(sys.argv[1])
+
+def hello(s, i):
+    s.sendall(b"hello %d\n" % i)
+    try:
+        return s.recv(64)
+    except OSError:
+        return b""
+
+held = []
+for i in range(2):
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    held.append(s)
+    print("held", i, hello(s, i), flush=True)
+s = socket.create_connection(("127.0.0.1", port), timeout=60)
+print("third", hello(s, 2), flush=True)
+s.close()
+held.pop(0).close()
+for attempt in range(600):  # the master sees the first one end a moment later: at most 60 s
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    answer = hello(s, 3)
+    if answer:
+        print("after one ended", answer, flush=True)
+        break
+    s.close()
+    time.sleep(0.1)
+else:
+    print("never let in again", flush=True)
+"""
+
+
+def test_a_tunnel_takes_at_most_its_connections_and_lets_one_in_when_one_ends(sshd_factory: SshdFactory,
+                                                                            gputui_home: Path) -> None:
+    """Any account of a shared slave can connect to the forwarded port on its loopback: past the
+    cap a connection is closed at once, costing the master no thread and no store connection."""
+    from gputui.cluster.tunnel import ReverseForward
+    from tests.proc_support import wait_until
+
+    server = sshd_factory(None)
+    trust(gputui_home, server)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda c=conn: [c.sendall(d) for d in iter(lambda: c.recv(64), b"")],
+                             daemon=True).start()
+
+    threading.Thread(target=echo, daemon=True).start()
+    node = SlaveConnection(HostSpec("n0", server.address, server.port, "root", sshd_factory.user_key,
+                                    connect_timeout=30.0)).open_or_raise()
+    try:
+        transport = node.transport()
+        forward = ReverseForward(transport, listener.getsockname()[1], "n0", max_connections=2)
+        channel = node.open(f"{shlex.quote(sys.executable)} -c {shlex.quote(HOLDER)} {forward.port}")
+        assert channel.status_event.wait(120), "the slave's script did not end within 120 s"
+        output = b""
+        while chunk := channel.recv(65536):
+            output += chunk
+        lines = output.decode(errors="replace").splitlines()
+        assert lines[:3] == ["held 0 b'hello 0\\n'", "held 1 b'hello 1\\n'", "third b''"], lines
+        assert lines[3] == "after one ended b'hello 3\\n'", lines
+        assert forward.refused >= 1
+        wait_until(lambda: forward.connections == 0, 30, "the tunnel's connections to end with the slave's script",
+                   detail=lambda: forward.connections)
+    finally:
+        node.close()
+        listener.close()

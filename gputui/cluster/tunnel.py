@@ -58,16 +58,45 @@ def _pump(channel: Any, target_port: int) -> None:
         sock.close()
 
 
-class ReverseForward:
-    """`port` on the slave's 127.0.0.1 forwarded to `target_port` on the master's 127.0.0.1."""
+# Connections open at once through one slave's tunnel. A node's torchrun holds a few store
+# connections (its agent's, each worker's); the port is on the slave's loopback, where any account
+# of a shared slave can connect to it, and each connection costs the master two threads and a
+# connection to the store: past this many, more are closed at once.
+MAX_CONNECTIONS = 128
 
-    def __init__(self, transport: Any, target_port: int, name: str = "slave") -> None:
+
+class ReverseForward:
+    """`port` on the slave's 127.0.0.1 forwarded to `target_port` on the master's 127.0.0.1,
+    at most `max_connections` connections at once."""
+
+    def __init__(self, transport: Any, target_port: int, name: str = "slave",
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.transport = transport
         self.target_port = target_port
+        self.max_connections = max_connections
+        self.connections = 0  # connections through it now
+        self.refused = 0  # connections closed at once, past max_connections
+        lock = threading.Lock()
+
+        def pump(channel: Any) -> None:
+            try:
+                _pump(channel, target_port)
+            finally:
+                with lock:
+                    self.connections -= 1
 
         def accept(channel: Any, _origin: Any, _server: Any) -> None:  # runs in paramiko's thread: no blocking
-            threading.Thread(target=_pump, args=(channel, target_port), name=f"gputui-tunnel-{name}",
-                             daemon=True).start()
+            with lock:
+                refuse = self.connections >= self.max_connections
+                if refuse:
+                    self.refused += 1
+                else:
+                    self.connections += 1
+            if refuse:
+                log.warning("tunnel of %s: %d connections open already; one more closed", name, self.max_connections)
+                threading.Thread(target=channel.close, name=f"gputui-tunnel-{name}-refuse", daemon=True).start()
+                return
+            threading.Thread(target=pump, args=(channel,), name=f"gputui-tunnel-{name}", daemon=True).start()
 
         self.port = int(transport.request_port_forward(LOOPBACK, 0, handler=accept))
 
