@@ -597,10 +597,7 @@ def execute_program(run: runs.RunDir, cfg: Any, resume: bool, view: Any, stop: A
     finally:
         if tree is not None:
             tree.kill()  # a no-op once the keeper has ended everything
-        if store is not None:
-            from gputui.train.rdzv import release
-
-            release(store)
+        store = None  # the store stops listening as it goes (nothing else holds it)
         output_file.close()
     code = proc.returncode if proc is not None else 1
     end = clock.elapsed()

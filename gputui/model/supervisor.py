@@ -161,7 +161,11 @@ def read_table(read: Callable[[], T], gone: T) -> T:
     parses /proc/PID/stat, and a read while that process is being torn down came back as NUL bytes
     (a ValueError in psutil's parser, seen once on a busy machine while a stopped DDP run's workers
     exited), cut short (IndexError, once more), or failed to open (OSError EBADF, once, reading this
-    very process's stat from the stop thread): read again, three times at most, then `gone`."""
+    very process's stat from the stop thread): read again, three times at most, then `gone`. All
+    three were seen in DDP runs, whose store's listening socket gputui then closed while torch
+    still held its number and closed it again later, which could close (or swap) the descriptor
+    psutil had just opened; that is fixed at its root (gputui.train.rdzv.serve_store), and the
+    retry stays for a process really being torn down."""
     for attempt in range(3):
         try:
             return read()

@@ -27,7 +27,7 @@ from gputui.model import outside
 from gputui.model.lines import LineSplitter
 from gputui.runs.store import RunDir
 from gputui.model.supervisor import STOP_SIGNALS, Tree, become_subreaper
-from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, release, serve_store
+from gputui.train.rdzv import BACKEND, LAUNCHER, LOOPBACK, TOKEN_ENV, clean_env, new_token, serve_store
 
 LAUNCHER_LOG = "launcher.log"
 READ_CHUNK = 1 << 20  # bytes of rank 0's events read at a time
@@ -135,7 +135,7 @@ def launch(run: RunDir, nproc: int, resume: bool, show: Callable[[dict[str, Any]
     finally:
         try:
             tree.kill()  # nothing of the run outlives the command (a no-op once all have exited)
-            release(store)
+            del store  # the store stops listening as it goes (nothing else holds it)
         finally:  # only now: a signal in between is still forwarded, never a KeyboardInterrupt
             for s, handler in previous.items():
                 signal.signal(s, handler)

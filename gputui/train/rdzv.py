@@ -29,9 +29,6 @@ LAUNCHER = "gputui.train.launch"  # `python -m LAUNCHER TORCHRUN-ARGS`: torchrun
 TOKEN_ENV = "GPUTUI_RDZV_TOKEN"  # the secret itself (a process's environment is private to its account)
 TOKEN_FILE_ENV = "GPUTUI_RDZV_TOKEN_FILE"  # or a 0600 file holding it (how a slave gets it: never a command line)
 _TOKEN = re.compile(r"^[0-9a-f]{32,128}$")
-# Sockets handed to a TCPStore must outlive it (the store does not own them): kept here,
-# by the store's id, until `release`.
-_KEEP: dict[int, socket.socket] = {}
 
 # Names that carry credentials: cloud keys, tokens, passwords, the SSH agent.
 _SECRET = re.compile(r"^(AWS_|AZURE_|GOOGLE_APPLICATION_CREDENTIALS$|SSH_AUTH_SOCK$)|"
@@ -118,26 +115,35 @@ def workers_port(host: str, tries: int = 20) -> int:
 
 
 def serve_store(host: str, port: int, timeout_s: float, world_size: int | None = None) -> Any:
-    """A TCPStore server listening on `host:port` only (not on every interface)."""
+    """A TCPStore server listening on `host:port` only (not on every interface).
+
+    torch takes the listening socket over (TCPStoreOptions.masterListenFd: it closes it when the
+    store goes), so gputui hands it over and keeps no copy: the number is closed once, by its one
+    owner. It stops listening when the store is gone. (gputui used to keep the socket too and close
+    it at the run's end; torch's own close, later, then hit whatever file the process had opened
+    under that number since: a DDP run's stop thread saw "Bad file descriptor".)"""
     import torch.distributed as tdist
 
     sock = listen_socket(host, port)
+    bound, made = sock.getsockname()[1], os.fstat(sock.fileno())
+    fd = sock.detach()
     try:
-        store = getattr(tdist, "TCPStore")(host, sock.getsockname()[1], world_size, is_master=True,
-                                           wait_for_workers=False, master_listen_fd=sock.fileno(),
-                                           timeout=timedelta(seconds=timeout_s))
+        return getattr(tdist, "TCPStore")(host, bound, world_size, is_master=True, wait_for_workers=False,
+                                          master_listen_fd=fd, timeout=timedelta(seconds=timeout_s))
     except BaseException:
-        sock.close()
+        _close_if_still(fd, made)
         raise
-    _KEEP[id(store)] = sock
-    return store
 
 
-def release(store: Any) -> None:
-    """Stop listening for a store that `serve_store` made (its run is over)."""
-    sock = _KEEP.pop(id(store), None)
-    if sock is not None:
-        sock.close()
+def _close_if_still(fd: int, made: os.stat_result) -> None:
+    """Close `fd` if it is still the socket that was made (a store that failed to start may or may
+    not have closed it; the number may be another file's by now)."""
+    try:
+        now = os.fstat(fd)
+    except OSError:
+        return
+    if (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
+        os.close(fd)
 
 
 def worker_store(rank: int, world_size: int, timeout_s: float = 600.0) -> Any:
