@@ -93,7 +93,9 @@ class ReverseForward:
                 else:
                     self.connections += 1
             if refuse:
-                log.warning("tunnel of %s: %d connections open already; one more closed", name, self.max_connections)
+                if self.refused == 1:  # said once: a flood of them must not flood the run's output
+                    log.warning("tunnel of %s: %d connections open already; more are closed at once", name,
+                                self.max_connections)
                 threading.Thread(target=channel.close, name=f"gputui-tunnel-{name}-refuse", daemon=True).start()
                 return
             threading.Thread(target=pump, args=(channel,), name=f"gputui-tunnel-{name}", daemon=True).start()
