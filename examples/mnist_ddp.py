@@ -136,6 +136,8 @@ def main() -> int:
         epoch, batch = epoch + 1, 0
         save_and_wait()
         stopped = agree_to_stop(report.should_stop(), device)
+        if stopped and rank == 0:  # asked during the evaluation: the epoch's checkpoint is the one
+            print(f"stopped at epoch {epoch}, step {step}: checkpoint in {checkpoint}")
     if dist.is_initialized():
         dist.destroy_process_group()
         # torch's gloo threads outlive the group (DDP keeps it), and one may still be releasing the

@@ -156,7 +156,8 @@ def main() -> int:
         print(f"epoch {epoch}: step {step}, val_loss {val_loss:.4f}, val_acc {val_acc:.4f}")
         epoch, batch = epoch + 1, 0
         save(checkpoint, model, optimizer, epoch, batch, step)
-        if report.should_stop():
+        if report.should_stop():  # asked during the evaluation: the epoch's checkpoint is the one
+            print(f"stopped at epoch {epoch}, step {step}: checkpoint in {checkpoint}")
             return 0
     return 0
 
