@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_forwarded_connections_closed_mid_stream_never_end_the_ssh_connection(ss
 
 
 HOLDER = r"""
-import socket, sys, time
+import socket, sys
 port = int(sys.argv[1])
 
 def hello(s, i):
@@ -113,17 +114,25 @@ for extra in range(3):  # past the cap: each closed at once
     print("extra", hello(s, 2), flush=True)
     s.close()
 held.pop(0).close()
-for attempt in range(600):  # the master sees the first one end a moment later: at most 60 s
-    s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    answer = hello(s, 3)
-    if answer:
-        print("after one ended", answer, flush=True)
-        break
-    s.close()
-    time.sleep(0.1)
-else:
-    print("never let in again", flush=True)
+print("closed one", flush=True)
+sys.stdin.readline()  # the test says when the master has seen it end
+s = socket.create_connection(("127.0.0.1", port), timeout=60)
+print("after one ended", hello(s, 3), flush=True)
 """
+
+
+def read_until(channel: Any, marker: bytes, timeout: float) -> bytes:
+    """What `channel` says up to and including `marker` (AssertionError after `timeout` s)."""
+    channel.settimeout(timeout)
+    said = b""
+    while marker not in said:
+        try:
+            chunk = channel.recv(65536)
+        except socket.timeout:
+            chunk = b""
+        assert chunk, f"the slave's script did not say {marker!r} within {timeout:g} s: {said[-2000:]!r}"
+        said += chunk
+    return said
 
 
 def test_a_tunnel_takes_at_most_its_connections_and_lets_one_in_when_one_ends(sshd_factory: SshdFactory,
@@ -154,13 +163,16 @@ def test_a_tunnel_takes_at_most_its_connections_and_lets_one_in_when_one_ends(ss
         transport = node.transport()
         forward = ReverseForward(transport, listener.getsockname()[1], "n0", max_connections=2)
         channel = node.open(f"{shlex.quote(sys.executable)} -c {shlex.quote(HOLDER)} {forward.port}")
+        output = read_until(channel, b"closed one\n", 120)
+        wait_until(lambda: forward.connections == 1, 30, "the master to see the closed connection end",
+                   detail=lambda: forward.connections)
+        channel.sendall(b"go\n")
         assert channel.status_event.wait(120), "the slave's script did not end within 120 s"
-        output = b""
         while chunk := channel.recv(65536):
             output += chunk
         lines = output.decode(errors="replace").splitlines()
         assert lines[:5] == ["held 0 b'hello 0\\n'", "held 1 b'hello 1\\n'", *["extra b''"] * 3], lines
-        assert lines[5] == "after one ended b'hello 3\\n'", lines
+        assert lines[5:] == ["closed one", "after one ended b'hello 3\\n'"], lines
         assert forward.refused >= 3
         said = [r for r in caplog.records if "connections open already" in r.getMessage()]
         assert len(said) == 1, said  # once, however many are refused
