@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from hogs import busy_loops  # beside this script
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -64,21 +66,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--hogs", type=int, default=0)
     args = parser.parse_args()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     per_s: dict[str, list[float]] = {"tty": [], "devnull": []}
-    try:
-        with tempfile.TemporaryDirectory(prefix="gputui-bench-prompt-") as top:
-            env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
-            env.update(GPUTUI_HOME=str(Path(top) / "home"), TERM="xterm", COLUMNS="100",
-                       PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
-            for k in range(args.rounds):
-                for side in (("tty", "devnull") if k % 2 == 0 else ("devnull", "tty")):
-                    cpu, wall = _run(args.seconds, side == "tty", env, top)
-                    per_s[side].append(cpu / wall)
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+    with busy_loops(args.hogs), tempfile.TemporaryDirectory(prefix="gputui-bench-prompt-") as top:
+        env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+        env.update(GPUTUI_HOME=str(Path(top) / "home"), TERM="xterm", COLUMNS="100",
+                   PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
+        for k in range(args.rounds):
+            for side in (("tty", "devnull") if k % 2 == 0 else ("devnull", "tty")):
+                cpu, wall = _run(args.seconds, side == "tty", env, top)
+                per_s[side].append(cpu / wall)
     load = os.getloadavg()[0]
     print(f"{args.rounds} rounds of a {args.seconds:g} s quiet program; {args.hogs} hog(s); load {load:.1f} at the end")
     for side in ("tty", "devnull"):

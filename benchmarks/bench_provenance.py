@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gputui.runs.provenance import code_version  # noqa: E402
+from hogs import busy_loops  # noqa: E402 - beside this script
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -41,10 +42,6 @@ def _tree(target: Path, files: int) -> None:
         path = target / f"pkg{i % 20}" / f"mod{i}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# module {i}\n" + "x = 1\n" * 200, encoding="utf-8")
-
-
-def _hogs(n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 def main() -> int:
@@ -64,10 +61,9 @@ def main() -> int:
         with open(repo / "pkg0" / "mod0.py", "a", encoding="utf-8") as fh:
             fh.write("changed\n")
         env = {**os.environ, "GPUTUI_HOME": str(home)}
-        hogs = _hogs(args.hogs)
         walls: dict[str, list[float]] = {"repo": [], "plain": []}
         inproc: dict[str, list[float]] = {"repo": [], "plain": []}
-        try:
+        with busy_loops(args.hogs):
             for k in range(args.rounds):
                 for side in (("repo", "plain") if k % 2 == 0 else ("plain", "repo")):
                     where = repo if side == "repo" else plain
@@ -80,10 +76,6 @@ def main() -> int:
                     version = code_version(where)
                     inproc[side].append(time.perf_counter() - began)
                     assert (version is not None) == (side == "repo") and (version is None or version.dirty), version
-        finally:
-            for hog in hogs:
-                hog.kill()
-                hog.wait()
     load = os.getloadavg()[0]
     print(f"{args.files} files; {args.rounds} rounds; {args.hogs} hog(s); load {load:.1f} at the end")
     for side in ("repo", "plain"):

@@ -15,7 +15,6 @@ import argparse
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +27,7 @@ sys.path.insert(0, str(REPO))
 import paramiko  # noqa: E402
 
 import gputui.cluster.tunnel as new  # noqa: E402
+from hogs import busy_loops  # noqa: E402 - beside this script
 from oldcode import module_at  # noqa: E402 - beside this script
 from tests.sshd_fixture import SshdFactory  # noqa: E402
 
@@ -89,7 +89,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--hogs", type=int, default=0, help="busy loops to run beside it")
     args = parser.parse_args()
-    hogs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="gputui-bench-tunnel-") as top:
         factory = SshdFactory(Path(top))
         client = paramiko.SSHClient()
@@ -103,21 +102,17 @@ def main() -> int:
             target = echo_server()
             sides = {"old": module_at(args.old, "gputui/cluster/tunnel.py", Path(top)), "new": new}
             forwards = {name: module.ReverseForward(transport, target, f"bench-{name}") for name, module in sides.items()}
-            for _ in range(args.hogs):
-                hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-            print(f"{len(hogs)} CPU hogs beside; load average {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
             trips: dict[str, list[float]] = {name: [] for name in sides}
             rates: dict[str, list[float]] = {name: [] for name in sides}
-            for k in range(args.rounds):
-                for name in (list(sides) if k % 2 == 0 else list(reversed(sides))):
-                    trip_us, mib_s = measure(forwards[name].port)
-                    trips[name].append(trip_us)
-                    rates[name].append(mib_s)
+            with busy_loops(args.hogs):
+                print(f"{args.hogs} CPU hogs beside; load average {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+                for k in range(args.rounds):
+                    for name in (list(sides) if k % 2 == 0 else list(reversed(sides))):
+                        trip_us, mib_s = measure(forwards[name].port)
+                        trips[name].append(trip_us)
+                        rates[name].append(mib_s)
             print(f"after: load average {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
         finally:
-            for hog in hogs:
-                hog.kill()
-                hog.wait()
             client.close()
             factory.stop()
     old_trip, old_rate = statistics.median(trips["old"]), statistics.median(rates["old"])

@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hogs import busy_loops  # beside this script
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = REPO / ".venv" / "bin" / "python"
 TIERS: dict[str, list[str]] = {
@@ -36,7 +38,6 @@ TIERS: dict[str, list[str]] = {
     "integration": ["-m", "integration"],
     "all": [],
 }
-HOG = "while True:\n    pass\n"
 
 
 @dataclass
@@ -75,21 +76,6 @@ def run_tier(tier: str, workers: str, extra: list[str], load: str, timeout: floa
     if log is not None:
         (log / f"{tier}-{load.replace(' ', '')}.log").write_text(output, encoding="utf-8")
     return Row(tier, load, round(wall, 1), round(before, 2), summary_line(output), status)
-
-
-def start_hogs(n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL) for _ in range(n)]
-
-
-def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
-    for hog in hogs:
-        if hog.poll() is None:
-            hog.kill()
-    for hog in hogs:
-        try:
-            hog.wait(10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL does not end
-            pass
 
 
 def table(rows: list[Row]) -> str:
@@ -131,16 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     loads = ([] if args.busy_only else [0]) + ([args.hogs] if args.hogs else [])
     for hogs_n in loads:
         label = "quiet" if hogs_n == 0 else f"{hogs_n} hogs"
-        hogs = start_hogs(hogs_n)
-        try:
+        with busy_loops(hogs_n):
             for attempt in range(1, args.repeat + 1):
                 for tier in tiers:
                     run_label = label if args.repeat == 1 else f"{label} #{attempt}"
                     print(f"running the {tier} tier ({run_label}) ...", flush=True)
                     rows.append(run_tier(tier, args.workers, args.pytest_args, run_label, args.timeout, args.logs))
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
-        finally:
-            stop_hogs(hogs)
     print()
     print(table(rows))
     if any(r.loadavg_before > 0.5 * cores for r in rows if r.load == "quiet"):
