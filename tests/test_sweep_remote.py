@@ -88,21 +88,17 @@ def sweep_processes(*homes: Path, timeout: float = 30.0) -> list[str]:
         time.sleep(0.2)
 
 
-class DropOnFirstEval:
-    """A sweep view: at the first evaluation of a trial on the SSH slot, the host goes away."""
+class SweepLines:
+    """A sweep view that keeps what it is told."""
 
-    def __init__(self, server: Any, slot: str) -> None:
-        self.server, self.slot = server, slot
+    def __init__(self) -> None:
         self.lines: list[tuple[str, dict[str, Any]]] = []
-        self.dropped_trial: int | None = None
 
     def sweep(self, kind: str, **fields: Any) -> None:
         self.lines.append((kind, fields))
 
     def run_event(self, trial: int, slot: str, event: dict[str, Any]) -> None:
-        if slot == self.slot and event.get("event") == "eval" and self.dropped_trial is None:
-            self.dropped_trial = trial
-            self.server.stop()  # listener and every connection: the host is gone
+        pass
 
     def progress(self, p: Any) -> None:
         pass
@@ -111,8 +107,39 @@ class DropOnFirstEval:
         pass
 
 
+class DropOnFirstEval(SweepLines):
+    """A sweep view; the host goes away as the SSH worker's reader takes the first `eval` event of
+    a trial off the channel, before any later line of the worker is read. Dropping it at the
+    scheduler's handling of that event came too late on a busy machine: the reader had already
+    read the trial's result, and no trial of that host's was left to give back (seen once, in a
+    fresh clone's whole suite)."""
+
+    def __init__(self, server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        import json
+
+        from gputui.sweep.remote import SSHHandle
+
+        super().__init__()
+        self.server = server
+        self.dropped_trial: int | None = None
+        original = SSHHandle.lines
+        view = self
+
+        def lines(handle: SSHHandle) -> Any:
+            for line in original(handle):
+                if view.dropped_trial is None and '"eval"' in line:
+                    message = json.loads(line)
+                    if message.get("op") == "event" and message["data"].get("event") == "eval":
+                        view.dropped_trial = message["trial"]
+                        view.server.stop()  # listener and every connection: the host is gone
+                yield line
+
+        monkeypatch.setattr(SSHHandle, "lines", lines)
+
+
 def test_a_host_that_drops_mid_trial_gives_the_trial_back_and_the_study_counts_each_once(
-        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path) -> None:
+        cluster_nodes: ClusterNodes, pinned_wheel: Path, medium_data: Path, tmp_path: Path, gputui_home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from gputui.sweep.remote import remote_slots
 
     server = cluster_nodes.node(1)
@@ -124,7 +151,7 @@ def test_a_host_that_drops_mid_trial_gives_the_trial_back_and_the_study_counts_e
     ssh = remote_slots(profile, spec)
     assert [s.name for s in ssh] == ["n1-cpu"]
     sim = SimSlot("sim")
-    view = DropOnFirstEval(server, "n1-cpu")
+    view = DropOnFirstEval(server, monkeypatch)  # the only SSH slot is n1-cpu
     study = studies.create(spec)
     # the simulated slot waits for the SSH worker's first trial: it joins only after that trial started
     scheduler = sched.Scheduler(study, spec, profile.run, ssh, view)
@@ -249,7 +276,7 @@ def test_a_remote_worker_killed_mid_trial_hands_its_checkpoint_back_and_the_retr
 
     monkeypatch.setattr(SSHHandle, "__init__", init)
     killer = KillAtFirstEpoch(monkeypatch, server.home)
-    view = DropOnFirstEval(server, "(no slot: the host stays)")
+    view = SweepLines()
     study = studies.create(spec)
     scheduler = sched.Scheduler(study, spec, profile.run, ssh, view)
     original = scheduler._start
